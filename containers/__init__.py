@@ -1,0 +1,1 @@
+"""Apptainer/Singularity image handling and command wrapping."""

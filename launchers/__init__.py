@@ -1,0 +1,1 @@
+"""Builders of per-node command lines for torch.distributed, Horovod and MPI."""

@@ -1,0 +1,1 @@
+"""Pure, deterministic hyperparameter search methods: events in, actions out."""
