@@ -1,0 +1,84 @@
+"""Experiment configuration: Determined's experiment config v0 plus a `slurm:` section.
+
+Two phases::
+
+    cfg = parse_experiment_config(yaml_text)            # the config alone; raises ExperimentConfigError
+    cfg = complete_experiment_config(cfg, defaults)     # merge master defaults, check it can run
+
+Consumers that must not depend on pydantic (the searcher) use `cfg.searcher_dict()` and
+`cfg.hyperparameters_dict()`; `cfg.to_dict()` round-trips through `parse_experiment_config`.
+"""
+
+from hpc_master.expconf._errors import ExperimentConfigError
+from hpc_master.expconf.complete import complete_experiment_config, merge_defaults
+from hpc_master.expconf.environment import EnvironmentConfig, EnvironmentVariablesMap, ImageMap
+from hpc_master.expconf.experiment import (
+    ExperimentConfig,
+    LogPolicy,
+    Profiling,
+    Reproducibility,
+    parse_experiment_config,
+)
+from hpc_master.expconf.hyperparameters import (
+    CategoricalHP,
+    ConstHP,
+    DoubleHP,
+    IntHP,
+    LogHP,
+    NestedHP,
+    hyperparameters_to_dict,
+)
+from hpc_master.expconf.resources import BindMount, Device, ResourcesConfig, memory_bytes
+from hpc_master.expconf.searcher import (
+    SEARCHER_NAMES,
+    AdaptiveASHASearcher,
+    AsyncHalvingSearcher,
+    GridSearcher,
+    RandomSearcher,
+    SingleSearcher,
+    searcher_to_dict,
+)
+from hpc_master.expconf.slurm import SlurmConfig, slurm_time_to_minutes
+from hpc_master.expconf.storage import DirectoryStorage, SharedFSStorage
+from hpc_master.expconf.units import UNITS, Length, Unit, convert_length, length_in
+
+__all__ = [
+    "SEARCHER_NAMES",
+    "UNITS",
+    "AdaptiveASHASearcher",
+    "AsyncHalvingSearcher",
+    "BindMount",
+    "CategoricalHP",
+    "ConstHP",
+    "Device",
+    "DirectoryStorage",
+    "DoubleHP",
+    "EnvironmentConfig",
+    "EnvironmentVariablesMap",
+    "ExperimentConfig",
+    "ExperimentConfigError",
+    "GridSearcher",
+    "ImageMap",
+    "IntHP",
+    "Length",
+    "LogHP",
+    "LogPolicy",
+    "NestedHP",
+    "Profiling",
+    "RandomSearcher",
+    "Reproducibility",
+    "ResourcesConfig",
+    "SharedFSStorage",
+    "SingleSearcher",
+    "SlurmConfig",
+    "Unit",
+    "complete_experiment_config",
+    "convert_length",
+    "hyperparameters_to_dict",
+    "length_in",
+    "memory_bytes",
+    "merge_defaults",
+    "parse_experiment_config",
+    "searcher_to_dict",
+    "slurm_time_to_minutes",
+]

@@ -1,0 +1,120 @@
+"""Phase 2: merge the master's defaults into a parsed experiment config and check that it can run.
+
+`defaults` is a plain mapping in experiment-config shape holding any subset of the fields, typically
+``checkpoint_storage``, ``resources.resource_pool``, ``environment.image``, ``environment.environment_variables``,
+``bind_mounts``, ``slurm.partition``/``account``/``qos``, ``max_restarts``. Merge rules (Determined's):
+
+- a value the experiment sets wins; mappings merge key by key;
+- lists are replaced, except ``bind_mounts`` (the defaults' mounts are added unless the experiment mounts the
+  same container_path) and ``environment.environment_variables`` (defaults first, so the experiment's win);
+- ``checkpoint_storage``: the experiment's whole section wins unless it has the same `type` as the default,
+  then they merge key by key; ``searcher`` and ``hyperparameters`` are never taken from defaults.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from hpc_master.expconf._errors import config_error
+from hpc_master.expconf.experiment import ExperimentConfig, parse_experiment_config
+from hpc_master.expconf.units import Length
+
+_NEVER_FROM_DEFAULTS = ("searcher", "hyperparameters", "entrypoint", "name", "description")
+
+
+def _merge(default: Any, user: Any) -> Any:
+    if isinstance(default, Mapping) and isinstance(user, Mapping):
+        out = dict(default)
+        for k, v in user.items():
+            out[k] = _merge(default[k], v) if k in default else v
+        return out
+    return user
+
+
+def merge_defaults(user: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge two config dicts (as dumped with `exclude_unset`); `user` wins."""
+    defaults = {k: v for k, v in defaults.items() if k not in _NEVER_FROM_DEFAULTS}
+    out: dict[str, Any] = _merge(defaults, user)
+
+    d_store, u_store = defaults.get("checkpoint_storage"), user.get("checkpoint_storage")
+    if isinstance(u_store, Mapping) and isinstance(d_store, Mapping):
+        out["checkpoint_storage"] = (
+            _merge(d_store, u_store) if d_store.get("type") == u_store.get("type") else dict(u_store)
+        )
+
+    if "bind_mounts" in user and "bind_mounts" in defaults:
+        taken = {m["container_path"] for m in user["bind_mounts"]}
+        extra = [m for m in defaults["bind_mounts"] if m["container_path"] not in taken]
+        out["bind_mounts"] = [*extra, *user["bind_mounts"]]
+
+    d_env = defaults.get("environment", {}).get("environment_variables")
+    u_env = user.get("environment", {}).get("environment_variables")
+    if isinstance(d_env, Mapping) and isinstance(u_env, Mapping):
+        out["environment"]["environment_variables"] = {
+            dev: [*d_env.get(dev, []), *u_env.get(dev, [])] for dev in {*d_env, *u_env}
+        }
+    return out
+
+
+def _require(cond: bool, field: str, message: str) -> None:
+    if not cond:
+        raise config_error(message, field)
+
+
+def complete_experiment_config(
+    cfg: ExperimentConfig,
+    defaults: Mapping[str, Any] | None = None,
+    *,
+    defaults_field: str = "defaults",
+    experiment_seed: int | None = None,
+) -> ExperimentConfig:
+    """Phase 2: merge `defaults` (the master's, experiment-config shaped) into `cfg` and check completeness.
+
+    Errors in `defaults` name their path under `defaults_field`. A missing
+    ``reproducibility.experiment_seed`` is set to `experiment_seed`, or to the current time as Determined does.
+    Returns a new config; `cfg` is not modified. Warnings of both inputs are kept.
+    """
+    defaults_cfg = parse_experiment_config(defaults or {}, field_prefix=defaults_field.split("."))
+    merged = merge_defaults(
+        cfg.model_dump(mode="json", exclude_unset=True),
+        defaults_cfg.model_dump(mode="json", exclude_unset=True),
+    )
+    out = parse_experiment_config(merged)
+    out._warnings = [*defaults_cfg.warnings, *cfg.warnings]
+
+    _require(
+        out.entrypoint is not None, "entrypoint", "missing required field (the command or model_def:Trial)"
+    )
+    _require(out.searcher is not None, "searcher", "missing required field")
+    assert out.searcher is not None
+    _require(
+        out.searcher.metric is not None,
+        "searcher.metric",
+        "missing required field (the validation metric that ranks trials)",
+    )
+    _require(
+        out.checkpoint_storage is not None,
+        "checkpoint_storage",
+        "missing: set checkpoint_storage in the experiment config or in the master's defaults",
+    )
+    if out.trial_class() is not None:
+        _require(
+            out.global_batch_size is not None or "global_batch_size" in out.hyperparameters,
+            "hyperparameters.global_batch_size",
+            f"missing required field (trial classes such as {out.entrypoint} need it)",
+        )
+    if not out.records_per_epoch:
+        for field, length in (
+            ("searcher.max_length", getattr(out.searcher, "max_length", None)),
+            ("min_validation_period", out.min_validation_period),
+            ("min_checkpoint_period", out.min_checkpoint_period),
+        ):
+            if isinstance(length, Length) and length.unit == "epochs":
+                raise config_error("epochs need records_per_epoch (top-level); set it or use batches", field)
+
+    if out.reproducibility.experiment_seed is None:
+        seed = experiment_seed if experiment_seed is not None else int(time.time()) % (2**31)
+        out.reproducibility.experiment_seed = seed
+    return out

@@ -1,0 +1,87 @@
+"""The `slurm:` section, our addition to Determined's schema."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+
+from hpc_master.expconf._base import StrictModel
+from hpc_master.expconf._errors import custom_error
+
+# Options the Slurm backend sets itself; letting users pass them would break pause/resume or log capture.
+RESERVED_SBATCH_OPTIONS = (
+    "--requeue",
+    "--no-requeue",
+    "--array",
+    "--wrap",
+    "--parsable",
+    "--output",
+    "--error",
+)
+
+_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def slurm_time_to_minutes(value: str) -> int:
+    """Parse a Slurm time string into whole minutes, rounding seconds up.
+
+    Slurm's forms: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``.
+    """
+    text = value.strip()
+    m = _TIME_RE.match(text)
+    if not m:
+        raise ValueError(
+            f"expected minutes or a Slurm time such as '90', '1:30:00' or '2-00:00:00', got {value!r}"
+        )
+    days, a, b, c = m.groups()
+    if days is not None:
+        hours, minutes, seconds = int(a), int(b or 0), int(c or 0)
+        total_s = int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
+    elif c is not None:  # H:M:S
+        total_s = int(a) * 3600 + int(b) * 60 + int(c)
+    elif b is not None:  # M:S
+        total_s = int(a) * 60 + int(b)
+    else:  # M
+        total_s = int(a) * 60
+    return math.ceil(total_s / 60)
+
+
+class SlurmConfig(StrictModel):
+    """Per-experiment Slurm settings. `time_limit` is stored in minutes (see `time_limit_min`)."""
+
+    sbatch_args: list[str] = Field(default_factory=list)
+    slots_per_node: Annotated[int, Field(ge=1)] | None = None
+    gpu_type: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit: int | None = None
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _time(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("expected minutes or a Slurm time string such as '1:30:00', got a boolean")
+        if isinstance(v, str):
+            v = slurm_time_to_minutes(v)
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"must be at least 1 minute, got {v}")
+        if not isinstance(v, int):
+            raise ValueError(f"expected minutes or a Slurm time string such as '1:30:00', got {v!r}")
+        return v
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _args(cls, v: list[str]) -> list[str]:
+        for i, arg in enumerate(v):
+            opt = arg.split("=", 1)[0]
+            if opt in RESERVED_SBATCH_OPTIONS:
+                raise custom_error(f"{opt} is set by hpc-det itself and cannot be passed in sbatch_args", [i])
+        return v
+
+    @property
+    def time_limit_min(self) -> int | None:
+        return self.time_limit

@@ -1,0 +1,112 @@
+"""The `checkpoint_storage:` section: `shared_fs` and `directory`. Object stores are rejected for now."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+
+from hpc_master.expconf._base import StrictModel
+from hpc_master.expconf._errors import UNION_TAGS, custom_error
+
+STORAGE_TYPES = ("shared_fs", "directory")
+UNION_TAGS.update(STORAGE_TYPES)
+UNSUPPORTED_STORAGE = ("s3", "gcs", "azure", "hdfs")
+
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+class _StorageBase(StrictModel):
+    save_experiment_best: NonNegativeInt = 0
+    save_trial_best: NonNegativeInt = 1
+    save_trial_latest: NonNegativeInt = 1
+
+
+class SharedFSStorage(_StorageBase):
+    """Checkpoints under ``host_path/storage_path`` on a filesystem every node mounts."""
+
+    type: Literal["shared_fs"]
+    host_path: str
+    storage_path: str | None = None
+    propagation: str = "rprivate"
+    container_path: str | None = None
+    checkpoint_path: str | None = None
+    tensorboard_path: str | None = None
+
+    @field_validator("host_path")
+    @classmethod
+    def _abs(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"must be an absolute path, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _storage_under_host(self) -> SharedFSStorage:
+        sp = self.storage_path
+        if sp is not None and posixpath.isabs(sp):
+            host = posixpath.normpath(self.host_path)
+            if posixpath.commonpath([host, posixpath.normpath(sp)]) != host:
+                raise custom_error(
+                    f"must be a relative directory or a subdirectory of host_path ({self.host_path})",
+                    ["storage_path"],
+                )
+        elif sp is not None and posixpath.normpath(sp).startswith(".."):
+            raise custom_error("must stay inside host_path (no leading ..)", ["storage_path"])
+        return self
+
+    @property
+    def root(self) -> str:
+        """The directory checkpoints go to, as seen on the hosts."""
+        if self.storage_path is None:
+            return self.host_path
+        return posixpath.normpath(posixpath.join(self.host_path, self.storage_path))
+
+
+class DirectoryStorage(_StorageBase):
+    """Checkpoints in a directory as the trial sees it (usually a bind mount of a shared filesystem)."""
+
+    type: Literal["directory"]
+    container_path: str
+
+    @field_validator("container_path")
+    @classmethod
+    def _abs(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"must be an absolute path, got {v!r}")
+        return v
+
+
+def _storage_tag(value: Any) -> str | None:
+    if isinstance(value, _StorageBase):
+        return str(getattr(value, "type", None))
+    if isinstance(value, Mapping) and value.get("type") in STORAGE_TYPES:
+        return str(value["type"])
+    return None
+
+
+CheckpointStorage = Annotated[
+    Union[  # noqa: UP007 - Annotated tags need the explicit Union
+        Annotated[SharedFSStorage, Tag("shared_fs")],
+        Annotated[DirectoryStorage, Tag("directory")],
+    ],
+    Discriminator(_storage_tag),
+]
+AnyStorage = SharedFSStorage | DirectoryStorage
+
+
+def check_storage_type(raw: Any, path: list[str | int]) -> None:
+    """Clear errors for a missing, unsupported or unknown storage type (before pydantic sees it)."""
+    if not isinstance(raw, Mapping):
+        return
+    kind = raw.get("type")
+    allowed = "expected 'shared_fs' or 'directory'"
+    if kind is None:
+        raise custom_error(f"missing required field; {allowed}", [*path, "type"])
+    if kind in UNSUPPORTED_STORAGE:
+        raise custom_error(
+            f"checkpoint storage type {kind!r} is not supported yet; {allowed}", [*path, "type"]
+        )
+    if kind not in STORAGE_TYPES:
+        raise custom_error(f"unknown checkpoint storage type {kind!r}; {allowed}", [*path, "type"])
