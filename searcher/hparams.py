@@ -1,0 +1,208 @@
+"""Hyperparameter spaces in Determined's shape: parsing, random sampling and grids.
+
+Shape: a bare value or ``{type: const, val}`` is a constant; ``{type: int|double, minval, maxval,
+count?}``, ``{type: log, minval, maxval, base, count?}`` (the value is ``base ** u``) and
+``{type: categorical, vals}``; a mapping without ``type`` is a nested group. Samples are nested
+dicts of the same shape. Keys are visited in sorted order, so a sample depends only on the seed.
+
+Differences from Determined worth knowing:
+* ``int`` samples uniformly from ``[minval, maxval]`` *inclusive*, as Determined documents (its Go
+  code draws ``minval + Intn(maxval - minval)`` and so never returns ``maxval``).
+* Grid points of ``int`` use Go's ``math.Round`` (half away from zero), not Python's ``round``.
+* A grid over a space with no hyperparameters has one point (``{}``), not zero trials.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import random
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from searcher.config import SearcherConfig
+
+
+@dataclass(frozen=True)
+class Const:
+    val: Any
+
+
+@dataclass(frozen=True)
+class Int:
+    minval: int
+    maxval: int
+    count: int | None = None
+
+
+@dataclass(frozen=True)
+class Double:
+    minval: float
+    maxval: float
+    count: int | None = None
+
+
+@dataclass(frozen=True)
+class Log:
+    minval: float
+    maxval: float
+    base: float
+    count: int | None = None
+
+
+@dataclass(frozen=True)
+class Categorical:
+    vals: tuple[Any, ...]
+
+
+Param = Const | Int | Double | Log | Categorical
+Space = Mapping[str, "Param | Space"]
+
+
+def _num(raw: Mapping[str, Any], key: str, path: str, *, integer: bool = False) -> Any:
+    value = raw.get(key)
+    ok = isinstance(value, int) if integer else isinstance(value, int | float)
+    if isinstance(value, bool) or not ok:
+        kind = "an integer" if integer else "a number"
+        raise ValueError(f"hyperparameters.{path}.{key}: expected {kind}, got {value!r}")
+    return value
+
+
+def _count(raw: Mapping[str, Any], path: str) -> int | None:
+    if raw.get("count") is None:
+        return None
+    count = _num(raw, "count", path, integer=True)
+    if count < 1:
+        raise ValueError(f"hyperparameters.{path}.count: expected ≥ 1, got {count}")
+    return int(count)
+
+
+def _parse_param(raw: Mapping[str, Any], path: str) -> Param:
+    kind = raw["type"]
+    if kind == "const":
+        return Const(raw.get("val"))
+    if kind == "categorical":
+        vals = raw.get("vals")
+        if not isinstance(vals, list | tuple) or not vals:
+            raise ValueError(f"hyperparameters.{path}.vals: expected a non-empty list, got {vals!r}")
+        return Categorical(tuple(vals))
+    if kind not in ("int", "double", "log"):
+        raise ValueError(f"hyperparameters.{path}.type: unknown type {kind!r}")
+    integer = kind == "int"
+    lo, hi = _num(raw, "minval", path, integer=integer), _num(raw, "maxval", path, integer=integer)
+    if lo > hi:
+        raise ValueError(f"hyperparameters.{path}: minval {lo} is greater than maxval {hi}")
+    if kind == "int":
+        return Int(int(lo), int(hi), _count(raw, path))
+    if kind == "double":
+        return Double(float(lo), float(hi), _count(raw, path))
+    base = _num(raw, "base", path) if "base" in raw else 10.0
+    if base <= 0:
+        raise ValueError(f"hyperparameters.{path}.base: expected > 0, got {base}")
+    return Log(float(lo), float(hi), float(base), _count(raw, path))
+
+
+def parse_space(raw: Mapping[str, Any], prefix: str = "") -> dict[str, Param | Space]:
+    """Parse a ``hyperparameters`` section; raises ``ValueError`` naming the offending path."""
+    out: dict[str, Param | Space] = {}
+    for name in sorted(raw):
+        value, path = raw[name], f"{prefix}{name}"
+        if isinstance(value, Mapping) and "type" in value:
+            out[name] = _parse_param(value, path)
+        elif isinstance(value, Mapping):
+            out[name] = parse_space(value, f"{path}.")
+        else:
+            out[name] = Const(value)
+    return out
+
+
+def _leaves(space: Space, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Param]]:
+    for name in sorted(space):
+        node = space[name]
+        if isinstance(node, Mapping):
+            yield from _leaves(node, (*prefix, name))
+        else:
+            yield (*prefix, name), node
+
+
+def _set(out: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        out = out.setdefault(key, {})
+    out[path[-1]] = value
+
+
+def _skeleton(space: Space) -> dict[str, Any]:
+    """Empty groups stay as empty dicts, as in Determined."""
+    return {k: _skeleton(v) for k, v in space.items() if isinstance(v, Mapping)}
+
+
+def sample_one(param: Param, rng: random.Random) -> Any:
+    if isinstance(param, Const):
+        return copy.deepcopy(param.val)
+    if isinstance(param, Int):
+        return rng.randint(param.minval, param.maxval)
+    if isinstance(param, Double):
+        return rng.uniform(param.minval, param.maxval)
+    if isinstance(param, Log):
+        return float(param.base ** rng.uniform(param.minval, param.maxval))
+    return copy.deepcopy(param.vals[rng.randrange(len(param.vals))])
+
+
+def sample(space: Space, rng: random.Random) -> dict[str, Any]:
+    out = _skeleton(space)
+    for path, param in _leaves(space):
+        _set(out, path, sample_one(param, rng))
+    return out
+
+
+def go_round(x: float) -> int:
+    """Go's ``math.Round``: halves away from zero."""
+    return int(math.floor(abs(x) + 0.5)) * (1 if x >= 0 else -1)
+
+
+def grid_values(param: Param, path: str = "?") -> list[Any]:
+    """Determined's ``count`` semantics: evenly spaced values including both endpoints."""
+    if isinstance(param, Const):
+        return [param.val]
+    if isinstance(param, Categorical):
+        return list(param.vals)
+    if param.count is None:
+        raise ValueError(f"hyperparameters.{path}.count: grid search needs a count")
+    if isinstance(param, Int):
+        count = min(param.count, param.maxval - param.minval + 1)
+        if count == 1:
+            return [go_round((param.minval + param.maxval) / 2.0)]
+        step = (param.maxval - param.minval) / (count - 1)
+        return [go_round(param.minval + i * step) for i in range(count)]
+    lo, hi, count = param.minval, param.maxval, param.count
+    points = [(lo + hi) / 2.0] if count == 1 else [lo + i * (hi - lo) / (count - 1) for i in range(count)]
+    if isinstance(param, Log):
+        return [float(param.base**p) for p in points]
+    return points
+
+
+def grid(space: Space) -> list[dict[str, Any]]:
+    """The cartesian product over every leaf, first key (sorted, depth-first) varying slowest."""
+    leaves = list(_leaves(space))
+    axes = [grid_values(param, ".".join(path)) for path, param in leaves]
+    points = []
+    for combo in itertools.product(*axes):
+        out = _skeleton(space)
+        for (path, _), value in zip(leaves, combo, strict=True):
+            _set(out, path, copy.deepcopy(value))
+        points.append(out)
+    return points
+
+
+def grid_size(space: Space) -> int:
+    leaves = list(_leaves(space))
+    return math.prod(len(grid_values(p, ".".join(path))) for path, p in leaves)
+
+
+def check_for_method(config: SearcherConfig, space: Space) -> None:
+    """Raise early for spaces a method cannot use (grid needs counts)."""
+    if config.name == "grid":
+        for path, param in _leaves(space):
+            grid_values(param, ".".join(path))
