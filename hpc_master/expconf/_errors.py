@@ -137,6 +137,21 @@ _TYPE_WORDS = {
 }
 
 
+_BOUNDS = (
+    ("greater_than_equal", "ge", ">="),
+    ("greater_than", "gt", ">"),
+    ("less_than_equal", "le", "<="),
+    ("less_than", "lt", "<"),
+)
+
+
+def _num(value: Any) -> str:
+    """1.0 -> "1" (bounds of float fields are floats even when the user thinks in integers)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return repr(value)
+
+
 def _message(err: Mapping[str, Any]) -> str:
     kind = err["type"]
     ctx = err.get("ctx") or {}
@@ -147,14 +162,9 @@ def _message(err: Mapping[str, Any]) -> str:
         return f"expected {_TYPE_WORDS[kind]}, got {describe(value)}"
     if kind == "literal_error":
         return f"expected one of {ctx.get('expected')}, got {describe(value)}"
-    if kind == "greater_than_equal":
-        return f"must be >= {ctx.get('ge')}, got {value!r}"
-    if kind == "greater_than":
-        return f"must be > {ctx.get('gt')}, got {value!r}"
-    if kind == "less_than_equal":
-        return f"must be <= {ctx.get('le')}, got {value!r}"
-    if kind == "less_than":
-        return f"must be < {ctx.get('lt')}, got {value!r}"
+    for bound_kind, key, op in _BOUNDS:
+        if kind == bound_kind:
+            return f"must be {op} {_num(ctx.get(key))}, got {value!r}"
     if kind == "too_short":
         return "must not be empty"
     if kind == "value_error":
