@@ -1,0 +1,168 @@
+"""Named converters from ORM rows to Determined-shaped JSON (camelCase; ``STATE_`` enum names)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from hpc_master.db.models import (
+    CheckpointModel,
+    ExperimentModel,
+    MetricModel,
+    TrialModel,
+    TrialRunModel,
+    UserModel,
+)
+
+
+def iso(value: dt.datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def api_state(state: str) -> str:
+    return f"STATE_{state}"
+
+
+def user_to_api(user: UserModel) -> dict[str, Any]:
+    return {
+        "id": user.id,
+        "username": user.username,
+        "admin": user.admin,
+        "active": user.active,
+        "displayName": user.display_name or "",
+        "unixUsername": user.unix_username or user.username,
+        "agentUserGroup": {"agentUser": user.unix_username or user.username},
+        "modifiedAt": iso(user.created_at),
+    }
+
+
+def experiment_to_api(
+    experiment: ExperimentModel,
+    username: str,
+    trial_ids: list[int] | None = None,
+    *,
+    with_config: bool = True,
+) -> dict[str, Any]:
+    searcher = experiment.config.get("searcher") or {}
+    out: dict[str, Any] = {
+        "id": experiment.id,
+        "name": experiment.name,
+        "description": experiment.description,
+        "labels": experiment.config.get("labels") or [],
+        "state": api_state(experiment.state),
+        "archived": experiment.archived,
+        "startTime": iso(experiment.start_time),
+        "endTime": iso(experiment.end_time),
+        "userId": experiment.owner_id,
+        "username": username,
+        "displayName": username,
+        "resourcePool": experiment.resource_pool,
+        "searcherType": searcher.get("name", "") if isinstance(searcher, dict) else "",
+        "searcherMetric": searcher.get("metric", "") if isinstance(searcher, dict) else "",
+        "progress": experiment.progress,
+        "forkedFrom": experiment.parent_id,
+        "projectId": 1,
+        "workspaceId": 1,
+        "parentArchived": False,
+        "notes": "",
+        "jobId": f"exp-{experiment.id}",
+    }
+    if trial_ids is not None:
+        out["trialIds"] = trial_ids
+        out["numTrials"] = len(trial_ids)
+    if with_config:
+        out["config"] = experiment.config
+        out["originalConfig"] = experiment.config_text
+    return out
+
+
+def run_to_api(run: TrialRunModel) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "trialRunId": run.run_number,
+        "slurmJobId": run.slurm_job_id,
+        "nodeList": run.node_list,
+        "state": run.state,
+        "exitReason": run.exit_reason,
+        "exitMessage": run.exit_message,
+        "runnerState": run.runner_state,
+        "submitTime": iso(run.submit_time),
+        "startTime": iso(run.start_time),
+        "endTime": iso(run.end_time),
+    }
+
+
+def trial_to_api(trial: TrialModel, runs: list[TrialRunModel] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": trial.id,
+        "experimentId": trial.experiment_id,
+        "requestId": trial.request_id,
+        "state": api_state(trial.state),
+        "restarts": trial.restarts,
+        "hparams": trial.hparams,
+        "seed": trial.seed,
+        "totalBatchesProcessed": trial.steps_completed,
+        "stepsCompleted": trial.steps_completed,
+        "latestCheckpointUuid": trial.latest_checkpoint,
+        "searcherMetricValue": trial.searcher_metric,
+        "bestValidationMetric": trial.best_validation,
+        "progress": trial.progress,
+        "runId": trial.run_id,
+        "exitMessage": trial.exit_message,
+        "startTime": iso(trial.start_time),
+        "endTime": iso(trial.end_time),
+    }
+    if runs is not None:
+        out["runs"] = [run_to_api(r) for r in runs]
+        out["runnerState"] = runs[-1].runner_state if runs else None
+    return out
+
+
+def metric_to_api(row: MetricModel) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "trialId": row.trial_id,
+        "trialRunId": row.trial_run_id,
+        "stepsCompleted": row.steps_completed,
+        "group": row.group,
+        "metrics": row.metrics,
+        "reportTime": iso(row.report_time),
+    }
+
+
+def checkpoint_to_api(
+    ckpt: CheckpointModel,
+    trial: TrialModel | None = None,
+    *,
+    validation: dict[str, Any] | None = None,
+    searcher_metric: float | None = None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "uuid": ckpt.uuid,
+        "taskId": f"{ckpt.trial_id}",
+        "allocationId": f"{ckpt.trial_id}.{ckpt.trial_run_id}",
+        "reportTime": iso(ckpt.report_time),
+        "resources": ckpt.resources,
+        "metadata": ckpt.metadata_,
+        "state": api_state(ckpt.state),
+        "stepsCompleted": ckpt.steps_completed,
+    }
+    training: dict[str, Any] = {"trialId": ckpt.trial_id, "trialRunId": ckpt.trial_run_id}
+    if trial is not None:
+        training.update(experimentId=trial.experiment_id, hparams=trial.hparams)
+    training["validationMetrics"] = validation
+    training["searcherMetric"] = searcher_metric
+    out["training"] = training
+    return out
+
+
+def pagination(offset: int, limit: int, total: int, returned: int) -> dict[str, int]:
+    return {
+        "offset": offset,
+        "limit": limit,
+        "startIndex": offset,
+        "endIndex": offset + returned,
+        "total": total,
+    }

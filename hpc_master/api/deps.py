@@ -1,0 +1,94 @@
+"""Per-app state and the request dependencies (who is calling, with which rights)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from hpc_master.db.engine import transaction
+from hpc_master.db.models import ExperimentModel, TrialModel
+from hpc_master.errors import PermissionDeniedError, UnauthenticatedError
+from hpc_master.masterconf import MasterConfig
+from hpc_master.services import users
+from hpc_master.services.common import get_or_404
+from hpc_master.services.users import Principal, TokenCache
+
+
+@dataclass
+class AppState:
+    config: MasterConfig
+    engine: Engine
+    sessions: sessionmaker[Session]
+    tokens: TokenCache
+    master_id: str
+    cluster_id: str
+
+    @contextmanager
+    def tx(self) -> Iterator[Session]:
+        """One short transaction (commit on success, rollback on error)."""
+        with transaction(self.sessions) as session:
+            yield session
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.det
+    return state
+
+
+State = Annotated[AppState, Depends(get_state)]
+
+
+def bearer_token(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise UnauthenticatedError("missing bearer token (Authorization: Bearer <token>)")
+    return token.strip()
+
+
+async def get_principal(request: Request) -> Principal:
+    state = get_state(request)
+    token = bearer_token(request)
+    cached = state.tokens.get(users.auth.hash_token(token))
+    if cached is not None:
+        return cached
+
+    def _lookup() -> Principal:
+        with state.tx() as session:
+            return users.authenticate(session, token, state.tokens)
+
+    return await run_in_threadpool(_lookup)
+
+
+AnyPrincipal = Annotated[Principal, Depends(get_principal)]
+
+
+async def get_user(principal: AnyPrincipal) -> Principal:
+    principal.require_user()
+    return principal
+
+
+UserPrincipal = Annotated[Principal, Depends(get_user)]
+
+
+def check_trial_access(session: Session, principal: Principal, trial_id: int, *, write: bool) -> TrialModel:
+    """Harness routes: a per-trial token acts only on its trial; a user token on trials they may change."""
+    if principal.trial_id is not None:
+        if principal.trial_id != trial_id:
+            raise PermissionDeniedError(
+                f"this token belongs to trial {principal.trial_id}, not trial {trial_id}"
+            )
+        return get_or_404(session, TrialModel, trial_id, "trial")
+    trial = get_or_404(session, TrialModel, trial_id, "trial")
+    if write and not principal.admin:
+        experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
+        if experiment.owner_id != principal.user_id:
+            raise PermissionDeniedError(f"trial {trial_id} belongs to another user's experiment")
+    return trial

@@ -1,0 +1,104 @@
+"""Master info, login/logout, users."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from hpc_master.api import convert
+from hpc_master.api.deps import State, UserPrincipal, bearer_token
+from hpc_master.api.schemas import LoginRequest, PatchUserRequest, PostUserRequest
+from hpc_master.db.models import UserModel
+from hpc_master.services import users
+from hpc_master.services.common import get_or_404
+
+router = APIRouter(prefix="/api/v1", tags=["auth"])
+
+
+@router.get("/master")
+def master_info(state: State) -> dict[str, Any]:
+    """Unauthenticated health and identity."""
+    from hpc_master.api.app import master_version
+
+    return {
+        "version": master_version(),
+        "masterId": state.master_id,
+        "clusterId": state.cluster_id,
+        "clusterName": state.config.cluster_name,
+        "telemetryEnabled": False,
+        "externalUrl": state.config.master_url(),
+    }
+
+
+@router.post("/auth/login")
+def login(body: LoginRequest, state: State) -> dict[str, Any]:
+    ttl = dt.timedelta(hours=state.config.security.token_ttl_hours)
+    with state.tx() as session:
+        token, user = users.login(
+            session,
+            body.username,
+            body.password,
+            ttl=ttl,
+            require_passwords=state.config.passwords_required(),
+        )
+        return {"token": token, "user": convert.user_to_api(user)}
+
+
+@router.post("/auth/logout")
+def logout(request: Request, principal: UserPrincipal, state: State) -> dict[str, Any]:
+    with state.tx() as session:
+        users.logout(session, bearer_token(request), state.tokens)
+    return {}
+
+
+@router.get("/me")
+def me(principal: UserPrincipal, state: State) -> dict[str, Any]:
+    with state.tx() as session:
+        return {"user": convert.user_to_api(get_or_404(session, UserModel, principal.user_id, "user"))}
+
+
+@router.get("/users")
+def list_users(principal: UserPrincipal, state: State) -> dict[str, Any]:
+    with state.tx() as session:
+        return {"users": [convert.user_to_api(u) for u in users.list_users(session)]}
+
+
+@router.post("/users")
+def create_user(body: PostUserRequest, principal: UserPrincipal, state: State) -> dict[str, Any]:
+    unix = body.user.unix_username or (body.user.agent_user_group or {}).get("agentUser")
+    with state.tx() as session:
+        user = users.create_user(
+            session,
+            principal,
+            username=body.user.username,
+            password=body.password,
+            admin=body.user.admin,
+            active=body.user.active,
+            unix_username=unix,
+            display_name=body.user.display_name,
+            require_passwords=state.config.passwords_required(),
+        )
+        return {"user": convert.user_to_api(user)}
+
+
+@router.patch("/users/{user_id}")
+def patch_user(
+    user_id: int, body: PatchUserRequest, principal: UserPrincipal, state: State
+) -> dict[str, Any]:
+    unix = body.unix_username or (body.agent_user_group or {}).get("agentUser")
+    with state.tx() as session:
+        user = users.patch_user(
+            session,
+            principal,
+            user_id,
+            password=body.password,
+            active=body.active,
+            admin=body.admin,
+            unix_username=unix,
+            display_name=body.display_name,
+            require_passwords=state.config.passwords_required(),
+            cache=state.tokens,
+        )
+        return {"user": convert.user_to_api(user)}

@@ -1,0 +1,208 @@
+"""Experiments: create, list, get, actions, trials, checkpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from hpc_master.api import convert
+from hpc_master.api.deps import State, UserPrincipal
+from hpc_master.api.schemas import CreateExperimentRequest
+from hpc_master.db.models import ExperimentModel, TrialModel
+from hpc_master.services import checkpoints as ckpts
+from hpc_master.services import experiments as exps
+from hpc_master.services.common import get_or_404
+from hpc_master.services.lifecycle import set_experiment_state
+from hpc_master.services.states import ExperimentState
+from hpc_master.services.users import Principal
+
+router = APIRouter(prefix="/api/v1", tags=["experiments"])
+
+
+def _trial_ids(session: Session, experiment_id: int) -> list[int]:
+    return list(
+        session.scalars(
+            select(TrialModel.id).where(TrialModel.experiment_id == experiment_id).order_by(TrialModel.id)
+        )
+    )
+
+
+@router.post("/experiments")
+def create_experiment(
+    body: CreateExperimentRequest, principal: UserPrincipal, state: State
+) -> dict[str, Any]:
+    with state.tx() as session:
+        experiment, parsed = exps.create_experiment(
+            session,
+            principal,
+            config_text=body.config,
+            model_definition=[f.model_dump(by_alias=False) for f in body.model_definition],
+            activate=body.activate,
+            parent_id=body.parent_id or None,
+            validate_only=body.validate_only,
+        )
+        warnings = [{"message": w} for w in parsed.warnings]
+        if experiment is None:
+            return {"experiment": None, "config": parsed.config, "warnings": warnings}
+        return {
+            "experiment": convert.experiment_to_api(experiment, principal.username, []),
+            "config": parsed.config,
+            "warnings": warnings,
+        }
+
+
+@router.get("/experiments")
+def list_experiments(
+    state: State,
+    principal: UserPrincipal,
+    archived: bool | None = None,
+    users: Annotated[list[str] | None, Query()] = None,
+    user_ids: Annotated[list[int] | None, Query(alias="userIds")] = None,
+    states: Annotated[list[str] | None, Query()] = None,
+    offset: int = 0,
+    limit: int = 100,
+    order_by: Annotated[str | None, Query(alias="orderBy")] = None,
+) -> dict[str, Any]:
+    with state.tx() as session:
+        rows, total = exps.list_experiments(
+            session,
+            archived=archived,
+            users=users or [],
+            user_ids=user_ids or [],
+            states=states or [],
+            offset=offset,
+            limit=limit,
+            order_desc=(order_by or "").upper() in ("ORDER_BY_DESC", "DESC"),
+        )
+        items = [
+            convert.experiment_to_api(e, username, _trial_ids(session, e.id), with_config=False)
+            for e, username in rows
+        ]
+    return {"experiments": items, "pagination": convert.pagination(offset, limit, total, len(items))}
+
+
+@router.get("/experiments/{experiment_id}")
+def get_experiment(experiment_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+    with state.tx() as session:
+        experiment, username = exps.get_experiment(session, experiment_id)
+        return {
+            "experiment": convert.experiment_to_api(experiment, username, _trial_ids(session, experiment_id)),
+            "jobSummary": None,
+            "trialCounts": exps.trial_counts(session, experiment_id),
+        }
+
+
+def _action(
+    state: State,
+    principal: Principal,
+    fn: Callable[[Session, Principal, int], ExperimentModel],
+    experiment_id: int,
+) -> dict[str, Any]:
+    with state.tx() as session:
+        fn(session, principal, experiment_id)
+    return {}
+
+
+@router.post("/experiments/{experiment_id}/pause")
+def pause(experiment_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+    return _action(state, principal, exps.pause_experiment, experiment_id)
+
+
+@router.post("/experiments/{experiment_id}/activate")
+def activate(experiment_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+    return _action(state, principal, exps.activate_experiment, experiment_id)
+
+
+@router.post("/experiments/{experiment_id}/cancel")
+def cancel(experiment_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+    return _action(state, principal, exps.cancel_experiment, experiment_id)
+
+
+@router.post("/experiments/{experiment_id}/kill")
+def kill(experiment_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+    return _action(state, principal, exps.kill_experiment, experiment_id)
+
+
+@router.post("/experiments/{experiment_id}/archive")
+def archive(experiment_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+    with state.tx() as session:
+        exps.set_archived(session, principal, experiment_id, True)
+    return {}
+
+
+@router.post("/experiments/{experiment_id}/unarchive")
+def unarchive(experiment_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+    with state.tx() as session:
+        exps.set_archived(session, principal, experiment_id, False)
+    return {}
+
+
+@router.delete("/experiments/{experiment_id}")
+def delete_experiment(experiment_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+    with state.tx() as session:
+        uuids = exps.begin_delete(session, principal, experiment_id)
+    try:
+        exps.remove_checkpoint_dirs(state.config.checkpoint_dir(), uuids)
+    except OSError:
+        with state.tx() as session:
+            experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
+            set_experiment_state(session, experiment, ExperimentState.DELETE_FAILED, "could not remove files")
+        raise
+    with state.tx() as session:
+        exps.finish_delete(session, experiment_id)
+    return {}
+
+
+@router.get("/experiments/{experiment_id}/trials")
+def experiment_trials(
+    experiment_id: int, state: State, principal: UserPrincipal, offset: int = 0, limit: int = 0
+) -> dict[str, Any]:
+    with state.tx() as session:
+        get_or_404(session, ExperimentModel, experiment_id, "experiment")
+        stmt = select(TrialModel).where(TrialModel.experiment_id == experiment_id).order_by(TrialModel.id)
+        trials = list(session.scalars(stmt))
+        page = trials[offset:] if limit <= 0 else trials[offset : offset + limit]
+        items = [convert.trial_to_api(t) for t in page]
+    return {"trials": items, "pagination": convert.pagination(offset, limit, len(trials), len(items))}
+
+
+@router.get("/experiments/{experiment_id}/checkpoints")
+def experiment_checkpoints(
+    experiment_id: int,
+    state: State,
+    principal: UserPrincipal,
+    sort_by_metric: Annotated[str | None, Query(alias="sortByMetric")] = None,
+    sort_by: Annotated[str | None, Query(alias="sortBy")] = None,
+    order_by: Annotated[str | None, Query(alias="orderBy")] = None,
+    offset: int = 0,
+    limit: int = 0,
+    states: Annotated[list[str] | None, Query()] = None,
+) -> dict[str, Any]:
+    with state.tx() as session:
+        ranked = ckpts.list_experiment_checkpoints(
+            session,
+            experiment_id,
+            sort_by_metric=sort_by_metric,
+            order_by=order_by,
+            offset=offset,
+            limit=limit,
+            states=states,
+        )
+        trials = {
+            t.id: t
+            for t in session.scalars(select(TrialModel).where(TrialModel.experiment_id == experiment_id))
+        }
+        items = [
+            convert.checkpoint_to_api(
+                r.checkpoint,
+                trials.get(r.checkpoint.trial_id),
+                validation=r.validation,
+                searcher_metric=r.metric,
+            )
+            for r in ranked
+        ]
+    return {"checkpoints": items, "pagination": convert.pagination(offset, limit, len(items), len(items))}

@@ -1,0 +1,225 @@
+"""The routes of docs/harness-api.md, called by the in-job harness with a per-trial token."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.concurrency import run_in_threadpool
+
+from hpc_master.api import convert
+from hpc_master.api.deps import AnyPrincipal, State, check_trial_access
+from hpc_master.api.schemas import (
+    CompletedOperationRequest,
+    DeleteCheckpointsRequest,
+    EarlyExitRequest,
+    MetricItem,
+    MetricsBatchRequest,
+    ProgressRequest,
+    ReportCheckpointRequest,
+    ReportMetricsRequest,
+    RunnerMetadataRequest,
+)
+from hpc_master.db.models import CheckpointModel, ExperimentModel, TrialModel
+from hpc_master.errors import PermissionDeniedError
+from hpc_master.services import checkpoints as ckpts
+from hpc_master.services import harness
+from hpc_master.services.common import get_or_404
+from hpc_master.services.experiments import remove_checkpoint_dirs
+from hpc_master.services.metrics import MetricReport, ingest_metrics
+from hpc_master.services.users import Principal
+
+router = APIRouter(prefix="/api/v1", tags=["harness"])
+
+PREEMPTION_POLL_S = 0.5
+MAX_LONG_POLL_S = 60
+
+
+def _reports(items: list[MetricItem], group: str | None = None) -> list[MetricReport]:
+    return [
+        MetricReport(
+            trial_run_id=i.trial_run_id,
+            steps_completed=i.steps_completed,
+            group=group or i.group,
+            metrics=i.metrics,
+            report_time=i.report_time,
+        )
+        for i in items
+    ]
+
+
+@router.post("/trials/{trial_id}/metrics/batch")
+def report_metrics_batch(
+    trial_id: int, body: MetricsBatchRequest, principal: AnyPrincipal, state: State
+) -> dict[str, Any]:
+    """Idempotent on (trial, trialRunId, group, stepsCompleted): a retried batch adds nothing."""
+    with state.tx() as session:
+        if principal.trial_id != trial_id:
+            check_trial_access(session, principal, trial_id, write=True)
+        accepted, duplicates = ingest_metrics(session, trial_id, _reports(body.metrics))
+    return {"accepted": accepted, "duplicates": duplicates}
+
+
+@router.post("/trials/{trial_id}/metrics")
+def report_metrics(
+    trial_id: int, body: ReportMetricsRequest, principal: AnyPrincipal, state: State
+) -> dict[str, Any]:
+    with state.tx() as session:
+        check_trial_access(session, principal, trial_id, write=True)
+        ingest_metrics(session, trial_id, _reports([body.metrics], body.group))
+    return {}
+
+
+@router.post("/checkpoints")
+def report_checkpoint(body: ReportCheckpointRequest, principal: AnyPrincipal, state: State) -> dict[str, Any]:
+    c = body.checkpoint
+    steps = c.metadata.get("steps_completed", 0)
+    with state.tx() as session:
+        check_trial_access(session, principal, c.trial_id, write=True)
+        ckpts.report_checkpoint(
+            session,
+            ckpts.CheckpointReport(
+                uuid=c.uuid,
+                trial_id=c.trial_id,
+                trial_run_id=c.trial_run_id,
+                steps_completed=steps if isinstance(steps, int) else 0,
+                resources=c.resources,
+                metadata=c.metadata,
+                state=c.state,
+                report_time=c.report_time,
+            ),
+        )
+    return {}
+
+
+def _checkpoint_access(
+    principal: Principal, ckpt: CheckpointModel, trial: TrialModel, owner_id: int, *, write: bool
+) -> None:
+    if principal.trial_id is not None:
+        same_trial = principal.trial_id == ckpt.trial_id
+        if (write and not same_trial) or (not write and not same_trial and principal.user_id != owner_id):
+            raise PermissionDeniedError(f"this token cannot access checkpoint {ckpt.uuid}")
+    elif write and not principal.admin and principal.user_id != owner_id:
+        raise PermissionDeniedError(f"checkpoint {ckpt.uuid} belongs to another user's experiment")
+
+
+@router.get("/checkpoints/{uuid}")
+def get_checkpoint(uuid: str, principal: AnyPrincipal, state: State) -> dict[str, Any]:
+    with state.tx() as session:
+        ckpt = ckpts.get_checkpoint(session, uuid)
+        trial = get_or_404(session, TrialModel, ckpt.trial_id, "trial")
+        experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
+        _checkpoint_access(principal, ckpt, trial, experiment.owner_id, write=False)
+        return {"checkpoint": convert.checkpoint_to_api(ckpt, trial)}
+
+
+@router.delete("/checkpoints")
+def delete_checkpoints(
+    body: DeleteCheckpointsRequest, principal: AnyPrincipal, state: State
+) -> dict[str, Any]:
+    with state.tx() as session:
+        for uuid in body.checkpoint_uuids:
+            ckpt = ckpts.get_checkpoint(session, uuid)
+            trial = get_or_404(session, TrialModel, ckpt.trial_id, "trial")
+            experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
+            _checkpoint_access(principal, ckpt, trial, experiment.owner_id, write=True)
+        removed = ckpts.mark_deleted(session, body.checkpoint_uuids)
+    remove_checkpoint_dirs(state.config.checkpoint_dir(), removed)
+    return {}
+
+
+@router.post("/trials/{trial_id}/progress")
+def report_progress(
+    trial_id: int, body: ProgressRequest, principal: AnyPrincipal, state: State
+) -> dict[str, Any]:
+    with state.tx() as session:
+        check_trial_access(session, principal, trial_id, write=True)
+        harness.set_progress(session, trial_id, body.progress)
+    return {}
+
+
+@router.post("/trials/{trial_id}/runner/metadata")
+def runner_metadata(
+    trial_id: int, body: RunnerMetadataRequest, principal: AnyPrincipal, state: State
+) -> dict[str, Any]:
+    with state.tx() as session:
+        check_trial_access(session, principal, trial_id, write=True)
+        harness.set_runner_state(session, trial_id, body.metadata.state)
+    return {}
+
+
+@router.post("/trials/{trial_id}/early_exit")
+def early_exit(
+    trial_id: int, body: EarlyExitRequest, principal: AnyPrincipal, state: State
+) -> dict[str, Any]:
+    with state.tx() as session:
+        check_trial_access(session, principal, trial_id, write=True)
+        harness.report_early_exit(session, trial_id, body.early_exit.reason)
+    return {}
+
+
+@router.get("/allocations/{allocation_id}/signals/preemption")
+async def preemption_signal(
+    allocation_id: str,
+    principal: AnyPrincipal,
+    state: State,
+    timeoutSeconds: int = 0,
+) -> dict[str, Any]:
+    """Long poll: answers as soon as preemption is requested, or after ``timeoutSeconds`` (≤ 60)."""
+    trial_id, run_number = harness.parse_allocation_id(allocation_id)
+
+    def check() -> bool:
+        with state.tx() as session:
+            check_trial_access(session, principal, trial_id, write=False)
+            return harness.preemption_state(session, trial_id, run_number)
+
+    deadline = time.monotonic() + max(0, min(timeoutSeconds, MAX_LONG_POLL_S))
+    while True:
+        preempt = await run_in_threadpool(check)
+        if preempt or time.monotonic() >= deadline:
+            return {"preempt": preempt}
+        await asyncio.sleep(min(PREEMPTION_POLL_S, max(0.0, deadline - time.monotonic())))
+
+
+@router.post("/allocations/{allocation_id}/signals/ack_preemption")
+def ack_preemption(allocation_id: str, principal: AnyPrincipal, state: State) -> dict[str, Any]:
+    trial_id, run_number = harness.parse_allocation_id(allocation_id)
+    with state.tx() as session:
+        check_trial_access(session, principal, trial_id, write=True)
+        harness.ack_preemption(session, trial_id, run_number)
+    return {}
+
+
+@router.get("/trials/{trial_id}/searcher/operation")
+def searcher_operation(trial_id: int, principal: AnyPrincipal, state: State) -> dict[str, Any]:
+    with state.tx() as session:
+        check_trial_access(session, principal, trial_id, write=False)
+        length, done = harness.searcher_operation(session, trial_id)
+    op = {"validateAfter": {"length": length}} if length is not None and not done else None
+    return {"op": op, "completed": done}
+
+
+@router.post("/trials/{trial_id}/searcher/completed_operation")
+def completed_operation(
+    trial_id: int, body: CompletedOperationRequest, principal: AnyPrincipal, state: State
+) -> dict[str, Any]:
+    with state.tx() as session:
+        check_trial_access(session, principal, trial_id, write=True)
+        harness.complete_searcher_operation(
+            session, trial_id, body.op.validate_after.length, body.searcher_metric
+        )
+    return {}
+
+
+@router.get("/experiments/{experiment_id}/searcher/best_searcher_validation_metric")
+def best_searcher_validation_metric(
+    experiment_id: int, principal: AnyPrincipal, state: State
+) -> dict[str, Any]:
+    with state.tx() as session:
+        if principal.trial_id is not None:
+            trial = get_or_404(session, TrialModel, principal.trial_id, "trial")
+            if trial.experiment_id != experiment_id:
+                raise PermissionDeniedError("this token belongs to another experiment")
+        return {"metric": harness.best_searcher_validation(session, experiment_id)}

@@ -1,0 +1,238 @@
+"""ORM rows. Names end in ``Model``; API schemas live in ``hpc_master.api.schemas``.
+
+Every table a lifecycle step updates concurrently (experiments, trials, trial runs) has a ``version`` column:
+writers that loaded a row, did something slow outside the session, and come back, update with
+``WHERE version = :loaded`` (see :func:`hpc_master.services.common.guarded_update`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        if value is not None and dialect.name == "sqlite":
+            return value.astimezone(dt.UTC).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {  # noqa: RUF012
+        dict[str, Any]: JSON,
+        dt.datetime: UTCDateTime(),
+    }
+
+
+class UserModel(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    username: Mapped[str] = mapped_column(String(128), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(256), default="")
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    unix_username: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    display_name: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class SessionModel(Base):
+    """A bearer token (stored as its SHA-256). ``trial_id`` set means a per-trial token for the harness."""
+
+    __tablename__ = "sessions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    trial_id: Mapped[int | None] = mapped_column(
+        ForeignKey("trials.id", ondelete="CASCADE"), nullable=True, index=True
+    )
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[dt.datetime]
+
+
+class ExperimentModel(Base):
+    __tablename__ = "experiments"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(512), default="")
+    description: Mapped[str] = mapped_column(Text, default="")
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    config_text: Mapped[str] = mapped_column(Text)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    searcher_snapshot: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    context_archive: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    """gzip'd tar of the model definition (≤ 95 MB uncompressed)."""
+    context_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    archived: Mapped[bool] = mapped_column(Boolean, default=False)
+    progress: Mapped[float | None] = mapped_column(Float, nullable=True)
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("experiments.id"), nullable=True)
+    resource_pool: Mapped[str] = mapped_column(String(128), default="default")
+    version: Mapped[int] = mapped_column(Integer, default=0)
+    start_time: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    end_time: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+
+    __mapper_args__ = {"version_id_col": version}  # noqa: RUF012
+
+
+class TrialModel(Base):
+    __tablename__ = "trials"
+    __table_args__ = (UniqueConstraint("experiment_id", "request_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
+    request_id: Mapped[str] = mapped_column(String(64))
+    hparams: Mapped[dict[str, Any]] = mapped_column(JSON)
+    seed: Mapped[int] = mapped_column(BigInteger, default=0)
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    run_id: Mapped[int] = mapped_column(Integer, default=0)
+    """Number of the latest trial run (0 before the first job)."""
+    latest_checkpoint: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    steps_completed: Mapped[int] = mapped_column(BigInteger, default=0)
+    searcher_metric: Mapped[float | None] = mapped_column(Float, nullable=True)
+    best_validation: Mapped[float | None] = mapped_column(Float, nullable=True)
+    progress: Mapped[float | None] = mapped_column(Float, nullable=True)
+    searcher_op_length: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """Length the searcher asked this trial to train to (``validateAfter``); null when no op is pending."""
+    searcher_done: Mapped[bool] = mapped_column(Boolean, default=False)
+    """The searcher has no more work for this trial (``completed`` in the harness answer)."""
+    early_exit_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    pause_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """Why a PAUSED trial is paused (a TerminationReason): user pauses resume on activate, searcher ones not."""
+    exit_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    version: Mapped[int] = mapped_column(Integer, default=0)
+    start_time: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    end_time: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+
+    __mapper_args__ = {"version_id_col": version}  # noqa: RUF012
+
+
+class TrialRunModel(Base):
+    """One Slurm job of a trial."""
+
+    __tablename__ = "trial_runs"
+    __table_args__ = (UniqueConstraint("trial_id", "run_number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), index=True)
+    run_number: Mapped[int] = mapped_column(Integer)
+    slurm_job_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    node_list: Mapped[str | None] = mapped_column(Text, nullable=True)
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    exit_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    exit_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    runner_state: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    preempt_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    preempt_acked: Mapped[bool] = mapped_column(Boolean, default=False)
+    version: Mapped[int] = mapped_column(Integer, default=0)
+    __mapper_args__ = {"version_id_col": version}  # noqa: RUF012
+    submit_time: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    start_time: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    end_time: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+
+
+class MetricModel(Base):
+    __tablename__ = "metrics"
+    __table_args__ = (
+        # Also the index for per-trial queries (trial_id is its first column).
+        UniqueConstraint("trial_id", "trial_run_id", "group", "steps_completed", name="uq_metrics_report"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"))
+    trial_run_id: Mapped[int] = mapped_column(Integer)
+    """The harness's run number (``DET_TRIAL_RUN_ID``), not ``trial_runs.id``."""
+    group: Mapped[str] = mapped_column(String(64))
+    steps_completed: Mapped[int] = mapped_column(BigInteger)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    report_time: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class CheckpointModel(Base):
+    __tablename__ = "checkpoints"
+
+    uuid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), index=True)
+    trial_run_id: Mapped[int] = mapped_column(Integer)
+    steps_completed: Mapped[int] = mapped_column(BigInteger, default=0)
+    state: Mapped[str] = mapped_column(String(32), default="COMPLETED")
+    resources: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    report_time: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class LogFileModel(Base):
+    """Where a trial run's output file lives (the Slurm job's stdout/stderr on the shared filesystem)."""
+
+    __tablename__ = "log_files"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_run_id: Mapped[int] = mapped_column(ForeignKey("trial_runs.id", ondelete="CASCADE"), index=True)
+    path: Mapped[str] = mapped_column(Text)
+    stream: Mapped[str] = mapped_column(String(16), default="stdout")
+
+
+class EventModel(Base):
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_entity", "entity", "entity_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    entity: Mapped[str] = mapped_column(String(32))
+    entity_id: Mapped[int] = mapped_column(Integer)
+    old_state: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    new_state: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    time: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class SearcherOpCompletionModel(Base):
+    """Outbox of validations the harness reported for the searcher; the lifecycle loop consumes them."""
+
+    __tablename__ = "searcher_op_completions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), index=True)
+    length: Mapped[int] = mapped_column(BigInteger)
+    metric: Mapped[float | None] = mapped_column(Float, nullable=True)
+    consumed: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,127 @@
+"""Validate an uploaded model definition (Determined's ``[{path, type, content, mode, ...}]``) and pack it.
+
+Nothing is written anywhere here: the result is a gzip'd tar in memory, stored with the experiment in the
+same transaction, so a rejected upload leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import posixpath
+import tarfile
+from dataclasses import dataclass
+
+from hpc_master.errors import ClientError, PayloadTooLargeError
+
+MAX_CONTEXT_BYTES = 95 * 1024 * 1024
+REGULAR_TYPES = {0, ord(tarfile.REGTYPE), ord(tarfile.AREGTYPE or "\0")}
+DIRECTORY_TYPES = {ord(tarfile.DIRTYPE)}
+
+
+@dataclass(frozen=True)
+class ContextFile:
+    path: str
+    is_dir: bool
+    content: bytes
+    mode: int
+    mtime: int
+
+
+def check_relative_path(path: str, field: str) -> str:
+    """Return the normalised relative path, or raise naming the file."""
+    if not path or "\0" in path:
+        raise ClientError("empty or NUL-containing file name in the context", field=field)
+    if path.startswith("/") or "\\" in path or (len(path) > 1 and path[1] == ":"):
+        raise ClientError(f"context file {path!r} has an absolute path", field=field, code="path_escape")
+    parts = path.split("/")
+    if ".." in parts:
+        raise ClientError(
+            f"context file {path!r} escapes the context directory", field=field, code="path_escape"
+        )
+    normalised = posixpath.normpath(path)
+    if normalised in (".", ""):
+        raise ClientError(f"context file {path!r} names the context root", field=field)
+    return normalised
+
+
+def parse_model_definition(items: list[dict[str, object]]) -> list[ContextFile]:
+    total = 0
+    seen: set[str] = set()
+    files: list[ContextFile] = []
+    for index, item in enumerate(items):
+        field = f"modelDefinition[{index}]"
+        raw_path = item.get("path")
+        if not isinstance(raw_path, str):
+            raise ClientError("each context file needs a string 'path'", field=f"{field}.path")
+        path = check_relative_path(raw_path, f"{field}.path")
+        file_type = item.get("type", ord(tarfile.REGTYPE))
+        if not isinstance(file_type, int) or (
+            file_type not in REGULAR_TYPES and file_type not in DIRECTORY_TYPES
+        ):
+            raise ClientError(
+                f"context file {raw_path!r} is not a regular file or directory (links are not allowed)",
+                field=f"{field}.type",
+                code="unsupported_file_type",
+            )
+        is_dir = file_type in DIRECTORY_TYPES
+        encoded = item.get("content") or ""
+        if not isinstance(encoded, str):
+            raise ClientError(
+                f"context file {raw_path!r}: content must be base64 text", field=f"{field}.content"
+            )
+        # Cheap size bound before decoding.
+        total += len(encoded) * 3 // 4
+        if total > MAX_CONTEXT_BYTES * 1.01 + 4:
+            raise PayloadTooLargeError(
+                f"the context is larger than {MAX_CONTEXT_BYTES // (1024 * 1024)} MB", field="modelDefinition"
+            )
+        try:
+            content = base64.b64decode(encoded, validate=True) if not is_dir else b""
+        except (binascii.Error, ValueError):
+            raise ClientError(
+                f"context file {raw_path!r}: content is not valid base64", field=f"{field}.content"
+            ) from None
+        if path in seen:
+            raise ClientError(f"context file {raw_path!r} appears twice", field=f"{field}.path")
+        seen.add(path)
+        mode = item.get("mode")
+        mtime = item.get("mtime")
+        files.append(
+            ContextFile(
+                path=path,
+                is_dir=is_dir,
+                content=content,
+                mode=(mode if isinstance(mode, int) and mode > 0 else (0o755 if is_dir else 0o644)) & 0o7777,
+                mtime=mtime if isinstance(mtime, int) and mtime > 0 else 0,
+            )
+        )
+    size = sum(len(f.content) for f in files)
+    if size > MAX_CONTEXT_BYTES:
+        raise PayloadTooLargeError(
+            f"the context is {size / 2**20:.1f} MB; the limit is {MAX_CONTEXT_BYTES // 2**20} MB",
+            field="modelDefinition",
+        )
+    return files
+
+
+def pack_context(files: list[ContextFile]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
+        for f in sorted(files, key=lambda f: f.path):
+            info = tarfile.TarInfo(f.path)
+            info.mode = f.mode
+            info.mtime = f.mtime
+            if f.is_dir:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(f.content)
+                tar.addfile(info, io.BytesIO(f.content))
+    return buffer.getvalue()
+
+
+def unpack_context_listing(archive: bytes) -> list[str]:
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        return tar.getnames()

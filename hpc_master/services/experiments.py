@@ -1,0 +1,310 @@
+"""Experiments: create (validate config and context), list, and the user actions."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from hpc_master.db.models import (
+    CheckpointModel,
+    EventModel,
+    ExperimentModel,
+    TrialModel,
+    TrialRunModel,
+    UserModel,
+)
+from hpc_master.errors import ClientError, ConfigError, PermissionDeniedError
+from hpc_master.services import context as ctx
+from hpc_master.services.common import InvalidTransitionError, get_or_404, record_event
+from hpc_master.services.lifecycle import (
+    live_run_of,
+    maybe_finish_experiment,
+    set_experiment_state,
+    set_trial_state,
+)
+from hpc_master.services.states import (
+    TERMINAL_EXPERIMENT_STATES,
+    TERMINAL_TRIAL_STATES,
+    ExperimentState,
+    TerminationReason,
+    TrialState,
+)
+from hpc_master.services.users import Principal
+
+
+@dataclass(frozen=True)
+class ParsedConfig:
+    config: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+
+
+def parse_config(text: str) -> ParsedConfig:
+    """Validate experiment config YAML with ``hpc_master.expconf`` when it is present, else minimally."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ConfigError(f"the experiment config is not valid YAML{where}", field="config") from None
+    if not isinstance(data, dict):
+        raise ConfigError("the experiment config must be a YAML mapping", field="config")
+    try:
+        from hpc_master.expconf import parse_experiment_config
+    except ImportError:
+        return ParsedConfig(config=data)
+    parsed: Any = parse_experiment_config(data)
+    return ParsedConfig(config=parsed.to_dict(), warnings=list(getattr(parsed, "warnings", [])))
+
+
+def searcher_metric(config: dict[str, Any]) -> tuple[str | None, bool]:
+    searcher = config.get("searcher") or {}
+    metric = searcher.get("metric") if isinstance(searcher, dict) else None
+    smaller = searcher.get("smaller_is_better", True) if isinstance(searcher, dict) else True
+    return (metric if isinstance(metric, str) else None), bool(smaller)
+
+
+def can_modify(principal: Principal, experiment: ExperimentModel) -> None:
+    principal.require_user()
+    if not principal.admin and experiment.owner_id != principal.user_id:
+        raise PermissionDeniedError(f"experiment {experiment.id} belongs to another user")
+
+
+def create_experiment(
+    session: Session,
+    principal: Principal,
+    *,
+    config_text: str,
+    model_definition: list[dict[str, Any]],
+    activate: bool,
+    parent_id: int | None = None,
+    validate_only: bool = False,
+) -> tuple[ExperimentModel | None, ParsedConfig]:
+    principal.require_user()
+    parsed = parse_config(config_text)
+    files = ctx.parse_model_definition(model_definition)
+    archive = ctx.pack_context(files)
+    if parent_id is not None:
+        get_or_404(session, ExperimentModel, parent_id, "experiment")
+    if validate_only:
+        return None, parsed
+    resources = parsed.config.get("resources") or {}
+    pool = resources.get("resource_pool") if isinstance(resources, dict) else None
+    name = parsed.config.get("name")
+    description = parsed.config.get("description")
+    experiment = ExperimentModel(
+        owner_id=principal.user_id,
+        name=str(name) if name else "",
+        description=str(description) if description else "",
+        state=ExperimentState.ACTIVE if activate else ExperimentState.PAUSED,
+        config_text=config_text,
+        config=parsed.config,
+        context_archive=archive,
+        parent_id=parent_id,
+        resource_pool=str(pool) if pool else "default",
+    )
+    session.add(experiment)
+    session.flush()
+    record_event(
+        session, "experiment", experiment.id, None, experiment.state, f"created by {principal.username}"
+    )
+    return experiment, parsed
+
+
+def normalise_states(states: Sequence[str]) -> list[str]:
+    out = []
+    for s in states:
+        bare = s.removeprefix("STATE_").upper()
+        if bare not in ExperimentState.__members__:
+            raise ClientError(f"unknown experiment state {s!r}", field="states")
+        out.append(bare)
+    return out
+
+
+def list_experiments(
+    session: Session,
+    *,
+    archived: bool | None = None,
+    users: Sequence[str] = (),
+    user_ids: Sequence[int] = (),
+    states: Sequence[str] = (),
+    offset: int = 0,
+    limit: int = 100,
+    order_desc: bool = False,
+) -> tuple[list[tuple[ExperimentModel, str]], int]:
+    stmt = select(ExperimentModel, UserModel.username).join(
+        UserModel, UserModel.id == ExperimentModel.owner_id
+    )
+    if archived is not None:
+        stmt = stmt.where(ExperimentModel.archived.is_(archived))
+    if users:
+        stmt = stmt.where(UserModel.username.in_(list(users)))
+    if user_ids:
+        stmt = stmt.where(ExperimentModel.owner_id.in_(list(user_ids)))
+    if states:
+        stmt = stmt.where(ExperimentModel.state.in_(normalise_states(states)))
+    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+    order = ExperimentModel.id.desc() if order_desc else ExperimentModel.id
+    stmt = stmt.order_by(order).offset(max(offset, 0))
+    if limit > 0:
+        stmt = stmt.limit(limit)
+    rows = [(exp, username) for exp, username in session.execute(stmt).all()]
+    return rows, total
+
+
+def get_experiment(session: Session, experiment_id: int) -> tuple[ExperimentModel, str]:
+    experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
+    owner = get_or_404(session, UserModel, experiment.owner_id, "user")
+    return experiment, owner.username
+
+
+def trial_counts(session: Session, experiment_id: int) -> dict[str, int]:
+    rows = session.execute(
+        select(TrialModel.state, func.count())
+        .where(TrialModel.experiment_id == experiment_id)
+        .group_by(TrialModel.state)
+    ).all()
+    return {state: count for state, count in rows}
+
+
+# ---------------------------------------------------------------- user actions
+
+
+def pause_experiment(session: Session, principal: Principal, experiment_id: int) -> ExperimentModel:
+    experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
+    can_modify(principal, experiment)
+    set_experiment_state(session, experiment, ExperimentState.PAUSED, f"paused by {principal.username}")
+    for trial in _trials(session, experiment_id, {TrialState.ACTIVE}):
+        trial.pause_reason = TerminationReason.PAUSED_BY_USER
+        set_trial_state(session, trial, TrialState.PAUSED, f"experiment paused by {principal.username}")
+        run = live_run_of(session, trial.id)
+        if run is not None:
+            run.preempt_requested = True
+    return experiment
+
+
+def activate_experiment(session: Session, principal: Principal, experiment_id: int) -> ExperimentModel:
+    experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
+    can_modify(principal, experiment)
+    set_experiment_state(session, experiment, ExperimentState.ACTIVE, f"activated by {principal.username}")
+    for trial in _trials(session, experiment_id, {TrialState.PAUSED}):
+        if trial.pause_reason in (None, TerminationReason.PAUSED_BY_USER):
+            set_trial_state(
+                session, trial, TrialState.ACTIVE, f"experiment activated by {principal.username}"
+            )
+    return experiment
+
+
+def _stop_experiment(
+    session: Session, principal: Principal, experiment_id: int, *, kill: bool
+) -> ExperimentModel:
+    experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
+    can_modify(principal, experiment)
+    if experiment.state in TERMINAL_EXPERIMENT_STATES:
+        return experiment
+    exp_state = ExperimentState.STOPPING_KILLED if kill else ExperimentState.STOPPING_CANCELED
+    verb = "killed" if kill else "canceled"
+    set_experiment_state(session, experiment, exp_state, f"{verb} by {principal.username}")
+    for trial in _trials(session, experiment_id, None):
+        stop_trial(session, trial, kill=kill, reason=f"experiment {verb} by {principal.username}")
+    session.flush()
+    maybe_finish_experiment(session, experiment)
+    return experiment
+
+
+def stop_trial(session: Session, trial: TrialModel, *, kill: bool, reason: str) -> None:
+    """Cancel (checkpoint and exit) or kill (scancel) a trial; a trial with no live job ends at once."""
+    if trial.state in TERMINAL_TRIAL_STATES:
+        return
+    run = live_run_of(session, trial.id)
+    if run is None:
+        set_trial_state(session, trial, TrialState.CANCELED, reason)
+        return
+    target = TrialState.STOPPING_KILLED if kill else TrialState.STOPPING_CANCELED
+    if trial.state == TrialState.STOPPING_KILLED:
+        return
+    set_trial_state(session, trial, target, reason)
+    run.preempt_requested = True
+
+
+def cancel_experiment(session: Session, principal: Principal, experiment_id: int) -> ExperimentModel:
+    return _stop_experiment(session, principal, experiment_id, kill=False)
+
+
+def kill_experiment(session: Session, principal: Principal, experiment_id: int) -> ExperimentModel:
+    return _stop_experiment(session, principal, experiment_id, kill=True)
+
+
+def kill_trial(session: Session, principal: Principal, trial_id: int) -> TrialModel:
+    trial = get_or_404(session, TrialModel, trial_id, "trial")
+    experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
+    can_modify(principal, experiment)
+    stop_trial(session, trial, kill=True, reason=f"killed by {principal.username}")
+    return trial
+
+
+def set_archived(
+    session: Session, principal: Principal, experiment_id: int, archived: bool
+) -> ExperimentModel:
+    experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
+    can_modify(principal, experiment)
+    if archived and experiment.state not in TERMINAL_EXPERIMENT_STATES:
+        raise InvalidTransitionError(
+            f"experiment {experiment_id} is {experiment.state}; only finished ones archive"
+        )
+    experiment.archived = archived
+    return experiment
+
+
+def begin_delete(session: Session, principal: Principal, experiment_id: int) -> list[str]:
+    """Mark a finished experiment DELETING; returns its checkpoint uuids (the caller removes the files)."""
+    experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
+    can_modify(principal, experiment)
+    set_experiment_state(session, experiment, ExperimentState.DELETING, f"deleted by {principal.username}")
+    return list(
+        session.scalars(
+            select(CheckpointModel.uuid)
+            .join(TrialModel, TrialModel.id == CheckpointModel.trial_id)
+            .where(TrialModel.experiment_id == experiment_id)
+        )
+    )
+
+
+def remove_checkpoint_dirs(root: Path, uuids: Sequence[str]) -> None:
+    for uuid in uuids:
+        target = (root / uuid).resolve()
+        if target.parent == root.resolve() and target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+
+
+def finish_delete(session: Session, experiment_id: int) -> None:
+    trial_ids = select(TrialModel.id).where(TrialModel.experiment_id == experiment_id)
+    run_ids = select(TrialRunModel.id).where(TrialRunModel.trial_id.in_(trial_ids))
+    session.execute(
+        delete(EventModel).where(EventModel.entity == "trial_run", EventModel.entity_id.in_(run_ids))
+    )
+    session.execute(
+        delete(EventModel).where(EventModel.entity == "trial", EventModel.entity_id.in_(trial_ids))
+    )
+    session.execute(
+        delete(EventModel).where(EventModel.entity == "experiment", EventModel.entity_id == experiment_id)
+    )
+    session.execute(
+        update(ExperimentModel).where(ExperimentModel.parent_id == experiment_id).values(parent_id=None)
+    )
+    experiment = session.get(ExperimentModel, experiment_id)
+    if experiment is not None:
+        session.delete(experiment)
+
+
+def _trials(session: Session, experiment_id: int, states: set[TrialState] | None) -> list[TrialModel]:
+    stmt = select(TrialModel).where(TrialModel.experiment_id == experiment_id)
+    if states is not None:
+        stmt = stmt.where(TrialModel.state.in_(states))
+    return list(session.scalars(stmt.order_by(TrialModel.id)))

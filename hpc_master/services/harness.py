@@ -1,0 +1,108 @@
+"""What the in-job harness reports besides metrics and checkpoints (see docs/harness-api.md)."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from hpc_master.db.models import ExperimentModel, SearcherOpCompletionModel, TrialModel, TrialRunModel
+from hpc_master.errors import ClientError, NotFoundError
+from hpc_master.services.common import get_or_404
+from hpc_master.services.experiments import searcher_metric
+from hpc_master.services.states import EARLY_EXIT_REASONS
+
+
+def parse_allocation_id(allocation_id: str) -> tuple[int, int]:
+    """``"{trialId}.{trialRunId}"`` → (trial_id, run_number)."""
+    try:
+        trial_part, run_part = allocation_id.split(".", 1)
+        return int(trial_part), int(run_part)
+    except ValueError:
+        raise ClientError(
+            f"allocation id {allocation_id!r} is not '<trialId>.<trialRunId>'", field="allocationId"
+        ) from None
+
+
+def run_by_number(session: Session, trial_id: int, run_number: int) -> TrialRunModel:
+    run = session.scalar(
+        select(TrialRunModel).where(
+            TrialRunModel.trial_id == trial_id, TrialRunModel.run_number == run_number
+        )
+    )
+    if run is None:
+        raise NotFoundError(f"allocation {trial_id}.{run_number} not found")
+    return run
+
+
+def set_progress(session: Session, trial_id: int, progress: float) -> None:
+    if not 0.0 <= progress <= 1.0:
+        raise ClientError("progress must be between 0 and 1", field="progress")
+    trial = get_or_404(session, TrialModel, trial_id, "trial")
+    trial.progress = progress
+
+
+def set_runner_state(session: Session, trial_id: int, state: str) -> None:
+    trial = get_or_404(session, TrialModel, trial_id, "trial")
+    run = session.scalar(
+        select(TrialRunModel).where(
+            TrialRunModel.trial_id == trial_id, TrialRunModel.run_number == trial.run_id
+        )
+    )
+    if run is not None:
+        run.runner_state = state[:128]
+
+
+def report_early_exit(session: Session, trial_id: int, reason: str) -> None:
+    if reason not in EARLY_EXIT_REASONS:
+        raise ClientError(
+            f"unknown early exit reason {reason!r}; expected one of {sorted(EARLY_EXIT_REASONS)}",
+            field="earlyExit.reason",
+        )
+    trial = get_or_404(session, TrialModel, trial_id, "trial")
+    trial.early_exit_reason = reason
+
+
+def preemption_state(session: Session, trial_id: int, run_number: int) -> bool:
+    return run_by_number(session, trial_id, run_number).preempt_requested
+
+
+def ack_preemption(session: Session, trial_id: int, run_number: int) -> None:
+    run_by_number(session, trial_id, run_number).preempt_acked = True
+
+
+def searcher_operation(session: Session, trial_id: int) -> tuple[int | None, bool]:
+    trial = get_or_404(session, TrialModel, trial_id, "trial")
+    return trial.searcher_op_length, trial.searcher_done
+
+
+def complete_searcher_operation(session: Session, trial_id: int, length: int, metric: float | None) -> None:
+    trial = get_or_404(session, TrialModel, trial_id, "trial")
+    if length < 0:
+        raise ClientError("length must be >= 0", field="op.validateAfter.length")
+    already = session.scalar(
+        select(SearcherOpCompletionModel.id).where(
+            SearcherOpCompletionModel.trial_id == trial_id, SearcherOpCompletionModel.length == length
+        )
+    )
+    if already is not None:
+        return
+    session.add(SearcherOpCompletionModel(trial_id=trial_id, length=length, metric=metric))
+    if metric is not None:
+        trial.searcher_metric = metric
+        experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
+        _, smaller = searcher_metric(experiment.config)
+        best = trial.best_validation
+        if best is None or (metric < best if smaller else metric > best):
+            trial.best_validation = metric
+
+
+def best_searcher_validation(session: Session, experiment_id: int) -> float | None:
+    experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
+    _, smaller = searcher_metric(experiment.config)
+    agg = func.min if smaller else func.max
+    value = session.scalar(
+        select(agg(SearcherOpCompletionModel.metric))
+        .join(TrialModel, TrialModel.id == SearcherOpCompletionModel.trial_id)
+        .where(TrialModel.experiment_id == experiment_id)
+    )
+    return float(value) if value is not None else None

@@ -1,0 +1,405 @@
+"""The seam for the lifecycle loop: every state change goes through these functions.
+
+The loop (searcher actions → Slurm → job states) follows load → act → apply: read what it needs in one short
+session, call Slurm with no session open, then apply the result in a second short session with one of these
+functions. ORM updates of experiments, trials and runs are guarded by their ``version`` column
+(SQLAlchemy raises ``StaleDataError`` when a concurrent writer got there first); functions taking an
+``expected_version`` return False instead.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from hpc_master.db.models import (
+    ExperimentModel,
+    LogFileModel,
+    SearcherOpCompletionModel,
+    TrialModel,
+    TrialRunModel,
+    utcnow,
+)
+from hpc_master.services.common import InvalidTransitionError, get_or_404, guarded_update, record_event
+from hpc_master.services.states import (
+    EARLY_EXIT_REASONS,
+    LIVE_RUN_STATES,
+    RUN_TRANSITIONS,
+    STOPPING_EXPERIMENT_END,
+    STOPPING_TRIAL_END,
+    TERMINAL_EXPERIMENT_STATES,
+    TERMINAL_TRIAL_STATES,
+    TERMINATION_TABLE,
+    ExperimentState,
+    Retry,
+    RunState,
+    TerminationReason,
+    TrialState,
+    can_transition_experiment,
+    can_transition_trial,
+)
+
+DEFAULT_MAX_RESTARTS = 5
+
+
+# ---------------------------------------------------------------- the two choke points
+
+
+def set_experiment_state(
+    session: Session, experiment: ExperimentModel, new_state: ExperimentState, reason: str
+) -> bool:
+    """Move an experiment to `new_state` (validated against the table) and record an event.
+
+    Returns False when it is already there; raises InvalidTransitionError when the table forbids the move.
+    """
+    old = ExperimentState(experiment.state)
+    if old == new_state:
+        return False
+    if not can_transition_experiment(old, new_state):
+        raise InvalidTransitionError(f"experiment {experiment.id} cannot go from {old} to {new_state}")
+    experiment.state = new_state
+    if new_state in TERMINAL_EXPERIMENT_STATES:
+        experiment.end_time = utcnow()
+    record_event(session, "experiment", experiment.id, old, new_state, reason)
+    return True
+
+
+def set_trial_state(session: Session, trial: TrialModel, new_state: TrialState, reason: str) -> bool:
+    """Move a trial to `new_state` (validated against the table) and record an event."""
+    old = TrialState(trial.state)
+    if old == new_state:
+        return False
+    if not can_transition_trial(old, new_state):
+        raise InvalidTransitionError(f"trial {trial.id} cannot go from {old} to {new_state}")
+    trial.state = new_state
+    if new_state != TrialState.PAUSED:
+        trial.pause_reason = None
+    if new_state in TERMINAL_TRIAL_STATES:
+        trial.end_time = utcnow()
+        trial.searcher_op_length = None
+    record_event(session, "trial", trial.id, old, new_state, reason)
+    return True
+
+
+def set_run_state(session: Session, run: TrialRunModel, new_state: RunState, reason: str) -> bool:
+    old = RunState(run.state)
+    if old == new_state:
+        return False
+    if new_state not in RUN_TRANSITIONS[old]:
+        raise InvalidTransitionError(f"trial run {run.id} cannot go from {old} to {new_state}")
+    run.state = new_state
+    if new_state == RunState.RUNNING:
+        run.start_time = utcnow()
+    if new_state not in LIVE_RUN_STATES:
+        run.end_time = utcnow()
+    record_event(session, "trial_run", run.id, old, new_state, reason)
+    return True
+
+
+# ---------------------------------------------------------------- trials and runs
+
+
+def create_trial(
+    session: Session, experiment_id: int, request_id: str, hparams: dict[str, Any], seed: int = 0
+) -> TrialModel:
+    """Create a trial for a searcher ``Create`` action; idempotent on (experiment, request_id)."""
+    existing = session.scalar(
+        select(TrialModel).where(
+            TrialModel.experiment_id == experiment_id, TrialModel.request_id == request_id
+        )
+    )
+    if existing is not None:
+        return existing
+    experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
+    if experiment.state in TERMINAL_EXPERIMENT_STATES:
+        raise InvalidTransitionError(f"experiment {experiment_id} is {experiment.state}")
+    trial = TrialModel(
+        experiment_id=experiment_id,
+        request_id=request_id,
+        hparams=hparams,
+        seed=seed,
+        state=TrialState.ACTIVE,
+    )
+    session.add(trial)
+    session.flush()
+    record_event(session, "trial", trial.id, None, TrialState.ACTIVE, f"created by searcher ({request_id})")
+    return trial
+
+
+def allocate_trial_run(session: Session, trial_id: int, log_path: str | None = None) -> TrialRunModel:
+    """Reserve the next run number before submitting (the job script needs ``DET_TRIAL_RUN_ID``).
+
+    The run starts PENDING with no Slurm job id; call :func:`start_trial_run` once ``sbatch`` answered, or
+    :func:`finish_trial_run` with ``SUBMIT_FAILED`` if it did not.
+    """
+    trial = get_or_404(session, TrialModel, trial_id, "trial")
+    if trial.state != TrialState.ACTIVE:
+        raise InvalidTransitionError(f"trial {trial_id} is {trial.state}; only ACTIVE trials get a new run")
+    live = session.scalar(
+        select(func.count()).where(
+            TrialRunModel.trial_id == trial_id, TrialRunModel.state.in_(LIVE_RUN_STATES)
+        )
+    )
+    if live:
+        raise InvalidTransitionError(f"trial {trial_id} already has a live run")
+    trial.run_id += 1
+    run = TrialRunModel(trial_id=trial_id, run_number=trial.run_id, state=RunState.PENDING)
+    session.add(run)
+    session.flush()
+    if log_path:
+        session.add(LogFileModel(trial_run_id=run.id, path=log_path))
+    record_event(session, "trial_run", run.id, None, RunState.PENDING, "allocated")
+    return run
+
+
+def start_trial_run(
+    session: Session, run_id: int, slurm_job_id: str, *, log_path: str | None = None
+) -> TrialRunModel:
+    """Record the Slurm job id of a freshly submitted run (still PENDING until Slurm starts it)."""
+    run = get_or_404(session, TrialRunModel, run_id, "trial run")
+    run.slurm_job_id = slurm_job_id
+    if log_path:
+        session.add(LogFileModel(trial_run_id=run.id, path=log_path))
+    return run
+
+
+def mark_run_running(session: Session, run_id: int, node_list: str | None = None) -> bool:
+    run = get_or_404(session, TrialRunModel, run_id, "trial run")
+    if node_list:
+        run.node_list = node_list
+    if run.state == RunState.PENDING:
+        return set_run_state(session, run, RunState.RUNNING, "Slurm started the job")
+    return False
+
+
+def add_log_file(session: Session, run_id: int, path: str, stream: str = "stdout") -> None:
+    session.add(LogFileModel(trial_run_id=run_id, path=path, stream=stream))
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    trial_state: TrialState
+    resubmit: bool
+    """True: the loop should allocate and submit a new run (from ``latest_checkpoint``) now."""
+    message: str
+
+
+def _max_restarts(experiment: ExperimentModel) -> int:
+    value = experiment.config.get("max_restarts", DEFAULT_MAX_RESTARTS)
+    return int(value) if isinstance(value, int) else DEFAULT_MAX_RESTARTS
+
+
+def finish_trial_run(
+    session: Session, run_id: int, reason: TerminationReason, message: str | None = None
+) -> RunOutcome:
+    """Apply the end of a trial run: run state, trial state (by the termination table), restarts, events.
+
+    Idempotent: finishing an already finished run changes nothing and returns resubmit=False.
+    """
+    run = get_or_404(session, TrialRunModel, run_id, "trial run")
+    trial = get_or_404(session, TrialModel, run.trial_id, "trial")
+    if run.state not in LIVE_RUN_STATES:
+        return RunOutcome(TrialState(trial.state), False, run.exit_message or "")
+    if trial.early_exit_reason and reason in (
+        TerminationReason.SEARCHER_DONE,
+        TerminationReason.NONZERO_EXIT,
+    ):
+        reason = EARLY_EXIT_REASONS.get(trial.early_exit_reason, reason)
+    term = TERMINATION_TABLE[reason]
+    text = term.message + (f": {message}" if message else "")
+    run.exit_reason = reason
+    run.exit_message = text
+    set_run_state(session, run, term.run_state, text)
+
+    experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
+    current = TrialState(trial.state)
+    resubmit = False
+    if current in STOPPING_TRIAL_END:
+        set_trial_state(session, trial, STOPPING_TRIAL_END[current], text)
+    elif current in TERMINAL_TRIAL_STATES:
+        pass
+    elif term.retry == Retry.RESTART and trial.restarts >= _max_restarts(experiment):
+        trial.exit_message = text
+        set_trial_state(session, trial, TrialState.ERROR, f"{text} (out of restarts)")
+    elif current == TrialState.PAUSED:
+        # Paused while the job ran: it stays paused (resumed on activate) unless the job says it is done.
+        if term.trial_state in TERMINAL_TRIAL_STATES:
+            set_trial_state(session, trial, term.trial_state, text)
+        elif term.retry == Retry.RESTART:
+            trial.restarts += 1
+    elif term.trial_state is not None:
+        if term.trial_state == TrialState.PAUSED:
+            trial.pause_reason = reason
+        trial.exit_message = text
+        set_trial_state(session, trial, term.trial_state, text)
+    else:
+        if term.retry == Retry.RESTART:
+            trial.restarts += 1
+        resubmit = experiment.state == ExperimentState.ACTIVE
+    session.flush()
+    maybe_finish_experiment(session, experiment)
+    return RunOutcome(TrialState(trial.state), resubmit, text)
+
+
+def maybe_finish_experiment(session: Session, experiment: ExperimentModel) -> bool:
+    """A stopping experiment whose trials are all terminal becomes terminal."""
+    state = ExperimentState(experiment.state)
+    if state not in STOPPING_EXPERIMENT_END:
+        return False
+    live = session.scalar(
+        select(func.count()).where(
+            TrialModel.experiment_id == experiment.id, TrialModel.state.not_in(TERMINAL_TRIAL_STATES)
+        )
+    )
+    if live:
+        return False
+    return set_experiment_state(session, experiment, STOPPING_EXPERIMENT_END[state], "all trials finished")
+
+
+# ---------------------------------------------------------------- searcher
+
+
+def record_searcher_snapshot(
+    session: Session, experiment_id: int, snapshot: dict[str, Any], expected_version: int
+) -> bool:
+    """Store the searcher's JSON snapshot if the experiment is still at `expected_version` (else False)."""
+    return guarded_update(
+        session, ExperimentModel, experiment_id, expected_version, searcher_snapshot=snapshot
+    )
+
+
+def set_experiment_progress(session: Session, experiment_id: int, progress: float) -> None:
+    experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
+    experiment.progress = max(0.0, min(1.0, progress))
+
+
+def set_searcher_operation(
+    session: Session, trial_id: int, length: int | None, *, done: bool = False
+) -> None:
+    """Tell a trial how far to train (``validateAfter.length``) or that the searcher is done with it."""
+    trial = get_or_404(session, TrialModel, trial_id, "trial")
+    trial.searcher_op_length = length
+    trial.searcher_done = done
+
+
+def take_searcher_op_completions(session: Session, limit: int = 1000) -> list[SearcherOpCompletionModel]:
+    """Consume the validations reported by harnesses since the last call (oldest first)."""
+    rows = list(
+        session.scalars(
+            select(SearcherOpCompletionModel)
+            .where(SearcherOpCompletionModel.consumed.is_(False))
+            .order_by(SearcherOpCompletionModel.id)
+            .limit(limit)
+        )
+    )
+    for row in rows:
+        row.consumed = True
+    return rows
+
+
+# ---------------------------------------------------------------- preemption
+
+
+def request_preemption(session: Session, run_id: int) -> None:
+    """Ask a live run to checkpoint and exit (``should_preempt()`` becomes true on every rank)."""
+    run = get_or_404(session, TrialRunModel, run_id, "trial run")
+    if run.state in LIVE_RUN_STATES:
+        run.preempt_requested = True
+
+
+def live_run_of(session: Session, trial_id: int) -> TrialRunModel | None:
+    return session.scalar(
+        select(TrialRunModel)
+        .where(TrialRunModel.trial_id == trial_id, TrialRunModel.state.in_(LIVE_RUN_STATES))
+        .order_by(TrialRunModel.run_number.desc())
+        .limit(1)
+    )
+
+
+# ---------------------------------------------------------------- reconciliation
+
+
+@dataclass(frozen=True)
+class LiveRun:
+    run_id: int
+    run_number: int
+    trial_id: int
+    experiment_id: int
+    slurm_job_id: str | None
+    state: RunState
+    trial_state: TrialState
+    preempt_requested: bool
+    version: int
+
+
+def list_active_experiments(session: Session) -> list[ExperimentModel]:
+    """Experiments the loop must drive (anything not terminal, not being deleted)."""
+    done = {*TERMINAL_EXPERIMENT_STATES, ExperimentState.DELETING, ExperimentState.DELETE_FAILED}
+    return list(session.scalars(select(ExperimentModel).where(ExperimentModel.state.not_in(done))))
+
+
+def list_active_trials(session: Session, experiment_id: int | None = None) -> list[TrialModel]:
+    stmt = select(TrialModel).where(TrialModel.state.not_in(TERMINAL_TRIAL_STATES))
+    if experiment_id is not None:
+        stmt = stmt.where(TrialModel.experiment_id == experiment_id)
+    return list(session.scalars(stmt.order_by(TrialModel.id)))
+
+
+def list_trials_to_submit(session: Session) -> list[TrialModel]:
+    """ACTIVE trials of ACTIVE experiments with no live run and work left: the loop submits these."""
+    live = select(TrialRunModel.trial_id).where(TrialRunModel.state.in_(LIVE_RUN_STATES))
+    stmt = (
+        select(TrialModel)
+        .join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
+        .where(
+            TrialModel.state == TrialState.ACTIVE,
+            ExperimentModel.state == ExperimentState.ACTIVE,
+            TrialModel.searcher_done.is_(False),
+            TrialModel.id.not_in(live),
+        )
+        .order_by(TrialModel.id)
+    )
+    return list(session.scalars(stmt))
+
+
+def list_live_runs(session: Session) -> list[LiveRun]:
+    """Every PENDING/RUNNING run with its Slurm job id, to reconcile with Slurm after a restart.
+
+    A run with ``slurm_job_id`` None was allocated but the master stopped before ``sbatch`` answered.
+    """
+    rows = session.execute(
+        select(TrialRunModel, TrialModel.experiment_id, TrialModel.state)
+        .join(TrialModel, TrialModel.id == TrialRunModel.trial_id)
+        .where(TrialRunModel.state.in_(LIVE_RUN_STATES))
+        .order_by(TrialRunModel.id)
+    ).all()
+    return [
+        LiveRun(
+            run_id=run.id,
+            run_number=run.run_number,
+            trial_id=run.trial_id,
+            experiment_id=exp_id,
+            slurm_job_id=run.slurm_job_id,
+            state=RunState(run.state),
+            trial_state=TrialState(trial_state),
+            preempt_requested=run.preempt_requested,
+            version=run.version,
+        )
+        for run, exp_id, trial_state in rows
+    ]
+
+
+def list_runs_to_kill(session: Session) -> list[LiveRun]:
+    """Live runs whose trial is STOPPING_KILLED: the loop ``scancel``s these."""
+    return [r for r in list_live_runs(session) if r.trial_state == TrialState.STOPPING_KILLED]
+
+
+def mint_trial_token(session: Session, trial_id: int, ttl: dt.timedelta | None = None) -> str:
+    """A bearer token for the harness of `trial_id` that can call only that trial's routes."""
+    from hpc_master.services.users import mint_trial_token as _mint
+
+    return _mint(session, trial_id, ttl)

@@ -1,0 +1,97 @@
+"""Metric reports: idempotent batch ingest (the hot path) and queries."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from hpc_master.db.models import MetricModel, TrialModel, utcnow
+
+
+@dataclass(frozen=True)
+class MetricReport:
+    trial_run_id: int
+    steps_completed: int
+    group: str
+    metrics: dict[str, Any]
+    report_time: dt.datetime | None = None
+
+
+def _insert_ignore(session: Session) -> Any:
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        return pg_insert(MetricModel).on_conflict_do_nothing(constraint="uq_metrics_report")
+    if dialect == "sqlite":
+        return sqlite_insert(MetricModel).on_conflict_do_nothing()
+    raise NotImplementedError(f"metrics ingest does not support {dialect}")
+
+
+def ingest_metrics(session: Session, trial_id: int, reports: list[MetricReport]) -> tuple[int, int]:
+    """Insert a batch in the caller's transaction; duplicates of (trial, run, group, steps) are skipped.
+
+    Returns (accepted, duplicates). One multi-row statement plus one trial update per batch.
+    """
+    if not reports:
+        return 0, 0
+    now = utcnow()
+    rows = [
+        {
+            "trial_id": trial_id,
+            "trial_run_id": r.trial_run_id,
+            "group": r.group,
+            "steps_completed": r.steps_completed,
+            "metrics": r.metrics,
+            "report_time": r.report_time or now,
+        }
+        for r in reports
+    ]
+    result: Any = session.execute(_insert_ignore(session), rows)
+    accepted = int(result.rowcount) if result.rowcount is not None and result.rowcount >= 0 else len(rows)
+    max_steps = max(r.steps_completed for r in reports)
+    session.execute(
+        update(TrialModel)
+        .where(TrialModel.id == trial_id, TrialModel.steps_completed < max_steps)
+        .values(steps_completed=max_steps)
+        .execution_options(synchronize_session=False)
+    )
+    return accepted, len(rows) - accepted
+
+
+def query_metrics(
+    session: Session,
+    trial_id: int,
+    group: str | None = None,
+    *,
+    offset: int = 0,
+    limit: int = 0,
+) -> list[MetricModel]:
+    stmt = select(MetricModel).where(MetricModel.trial_id == trial_id)
+    if group:
+        stmt = stmt.where(MetricModel.group == group)
+    stmt = stmt.order_by(MetricModel.steps_completed, MetricModel.trial_run_id, MetricModel.group).offset(
+        offset
+    )
+    if limit > 0:
+        stmt = stmt.limit(limit)
+    return list(session.scalars(stmt))
+
+
+def count_metrics(session: Session, trial_id: int | None = None) -> int:
+    stmt = select(func.count()).select_from(MetricModel)
+    if trial_id is not None:
+        stmt = stmt.where(MetricModel.trial_id == trial_id)
+    return int(session.scalar(stmt) or 0)
+
+
+def metric_value(metrics: dict[str, Any], name: str) -> float | None:
+    avg = metrics.get("avgMetrics", metrics)
+    value = avg.get(name) if isinstance(avg, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)

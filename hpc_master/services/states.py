@@ -1,0 +1,235 @@
+"""State vocabularies and the explicit tables that govern them.
+
+Experiments and trials use Determined's states. A trial's Slurm job is a *trial run* with its own small state
+machine. Why a run ended is a :class:`TerminationReason`; :data:`TERMINATION_TABLE` maps each reason to the run's
+final state, what happens to the trial, whether it is resubmitted, and the message shown to the user.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ExperimentState(enum.StrEnum):
+    ACTIVE = "ACTIVE"
+    PAUSED = "PAUSED"
+    STOPPING_CANCELED = "STOPPING_CANCELED"
+    STOPPING_KILLED = "STOPPING_KILLED"
+    STOPPING_COMPLETED = "STOPPING_COMPLETED"
+    STOPPING_ERROR = "STOPPING_ERROR"
+    COMPLETED = "COMPLETED"
+    CANCELED = "CANCELED"
+    ERROR = "ERROR"
+    DELETING = "DELETING"
+    DELETE_FAILED = "DELETE_FAILED"
+
+
+class TrialState(enum.StrEnum):
+    ACTIVE = "ACTIVE"
+    PAUSED = "PAUSED"
+    STOPPING_CANCELED = "STOPPING_CANCELED"
+    STOPPING_KILLED = "STOPPING_KILLED"
+    STOPPING_COMPLETED = "STOPPING_COMPLETED"
+    STOPPING_ERROR = "STOPPING_ERROR"
+    COMPLETED = "COMPLETED"
+    CANCELED = "CANCELED"
+    ERROR = "ERROR"
+
+
+class RunState(enum.StrEnum):
+    PENDING = "PENDING"
+    """Submitted to Slurm, not started yet."""
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    PREEMPTED = "PREEMPTED"
+    """Exited after checkpointing because it was asked to (Slurm preemption, time limit, pause)."""
+    FAILED = "FAILED"
+    CANCELED = "CANCELED"
+
+
+TERMINAL_EXPERIMENT_STATES = frozenset(
+    {ExperimentState.COMPLETED, ExperimentState.CANCELED, ExperimentState.ERROR}
+)
+STOPPING_EXPERIMENT_STATES = frozenset(
+    {
+        ExperimentState.STOPPING_CANCELED,
+        ExperimentState.STOPPING_KILLED,
+        ExperimentState.STOPPING_COMPLETED,
+        ExperimentState.STOPPING_ERROR,
+    }
+)
+TERMINAL_TRIAL_STATES = frozenset({TrialState.COMPLETED, TrialState.CANCELED, TrialState.ERROR})
+LIVE_RUN_STATES = frozenset({RunState.PENDING, RunState.RUNNING})
+
+_E = ExperimentState
+EXPERIMENT_TRANSITIONS: dict[ExperimentState, frozenset[ExperimentState]] = {
+    _E.ACTIVE: frozenset(
+        {
+            _E.PAUSED,
+            _E.STOPPING_CANCELED,
+            _E.STOPPING_KILLED,
+            _E.STOPPING_COMPLETED,
+            _E.STOPPING_ERROR,
+            _E.COMPLETED,
+            _E.CANCELED,
+            _E.ERROR,
+        }
+    ),
+    _E.PAUSED: frozenset(
+        {_E.ACTIVE, _E.STOPPING_CANCELED, _E.STOPPING_KILLED, _E.STOPPING_ERROR, _E.CANCELED, _E.ERROR}
+    ),
+    _E.STOPPING_CANCELED: frozenset({_E.STOPPING_KILLED, _E.CANCELED, _E.ERROR}),
+    _E.STOPPING_KILLED: frozenset({_E.CANCELED, _E.ERROR}),
+    _E.STOPPING_COMPLETED: frozenset({_E.STOPPING_CANCELED, _E.STOPPING_KILLED, _E.COMPLETED, _E.ERROR}),
+    _E.STOPPING_ERROR: frozenset({_E.STOPPING_KILLED, _E.ERROR}),
+    _E.COMPLETED: frozenset({_E.DELETING}),
+    _E.CANCELED: frozenset({_E.DELETING}),
+    _E.ERROR: frozenset({_E.DELETING}),
+    _E.DELETING: frozenset({_E.DELETE_FAILED}),
+    _E.DELETE_FAILED: frozenset({_E.DELETING}),
+}
+
+_T = TrialState
+TRIAL_TRANSITIONS: dict[TrialState, frozenset[TrialState]] = {
+    _T.ACTIVE: frozenset(
+        {
+            _T.PAUSED,
+            _T.STOPPING_CANCELED,
+            _T.STOPPING_KILLED,
+            _T.STOPPING_COMPLETED,
+            _T.STOPPING_ERROR,
+            _T.COMPLETED,
+            _T.CANCELED,
+            _T.ERROR,
+        }
+    ),
+    _T.PAUSED: frozenset(
+        {
+            _T.ACTIVE,
+            _T.STOPPING_CANCELED,
+            _T.STOPPING_KILLED,
+            _T.STOPPING_COMPLETED,
+            _T.COMPLETED,
+            _T.CANCELED,
+            _T.ERROR,
+        }
+    ),
+    _T.STOPPING_CANCELED: frozenset({_T.STOPPING_KILLED, _T.CANCELED, _T.ERROR}),
+    _T.STOPPING_KILLED: frozenset({_T.CANCELED, _T.ERROR}),
+    _T.STOPPING_COMPLETED: frozenset({_T.STOPPING_CANCELED, _T.STOPPING_KILLED, _T.COMPLETED, _T.ERROR}),
+    _T.STOPPING_ERROR: frozenset({_T.STOPPING_KILLED, _T.ERROR}),
+    _T.COMPLETED: frozenset(),
+    _T.CANCELED: frozenset(),
+    _T.ERROR: frozenset(),
+}
+
+_R = RunState
+RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    _R.PENDING: frozenset({_R.RUNNING, _R.COMPLETED, _R.PREEMPTED, _R.FAILED, _R.CANCELED}),
+    _R.RUNNING: frozenset({_R.COMPLETED, _R.PREEMPTED, _R.FAILED, _R.CANCELED}),
+    _R.COMPLETED: frozenset(),
+    _R.PREEMPTED: frozenset(),
+    _R.FAILED: frozenset(),
+    _R.CANCELED: frozenset(),
+}
+
+# A trial that is stopping ends in this state whatever its job's outcome.
+STOPPING_TRIAL_END: dict[TrialState, TrialState] = {
+    _T.STOPPING_CANCELED: _T.CANCELED,
+    _T.STOPPING_KILLED: _T.CANCELED,
+    _T.STOPPING_COMPLETED: _T.COMPLETED,
+    _T.STOPPING_ERROR: _T.ERROR,
+}
+STOPPING_EXPERIMENT_END: dict[ExperimentState, ExperimentState] = {
+    _E.STOPPING_CANCELED: _E.CANCELED,
+    _E.STOPPING_KILLED: _E.CANCELED,
+    _E.STOPPING_COMPLETED: _E.COMPLETED,
+    _E.STOPPING_ERROR: _E.ERROR,
+}
+
+
+class Retry(enum.StrEnum):
+    NEVER = "NEVER"
+    RESUBMIT = "RESUBMIT"
+    """Resubmit from the latest checkpoint at once; does not count against ``max_restarts``."""
+    RESTART = "RESTART"
+    """Resubmit from the latest checkpoint if ``restarts < max_restarts`` (counts one restart)."""
+    ON_ACTIVATE = "ON_ACTIVATE"
+    """Resubmit when the trial is activated again (user or searcher pause)."""
+
+
+class TerminationReason(enum.StrEnum):
+    SEARCHER_DONE = "SEARCHER_DONE"
+    EARLY_EXIT_INVALID_HP = "EARLY_EXIT_INVALID_HP"
+    EARLY_EXIT_USER_STOP = "EARLY_EXIT_USER_STOP"
+    SLURM_PREEMPTED = "SLURM_PREEMPTED"
+    TIME_LIMIT_CHECKPOINTED = "TIME_LIMIT_CHECKPOINTED"
+    PAUSED_BY_USER = "PAUSED_BY_USER"
+    PAUSED_BY_SEARCHER = "PAUSED_BY_SEARCHER"
+    CANCELED_BY_USER = "CANCELED_BY_USER"
+    KILLED_BY_USER = "KILLED_BY_USER"
+    NONZERO_EXIT = "NONZERO_EXIT"
+    NODE_FAIL = "NODE_FAIL"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    TIME_LIMIT = "TIME_LIMIT"
+    JOB_LOST = "JOB_LOST"
+    SUBMIT_FAILED = "SUBMIT_FAILED"
+
+
+@dataclass(frozen=True)
+class Termination:
+    run_state: RunState
+    trial_state: TrialState | None
+    """Where the trial goes; None means it stays ACTIVE (to be resubmitted) or ERROR once out of restarts."""
+    retry: Retry
+    message: str
+
+
+_X = TerminationReason
+TERMINATION_TABLE: dict[TerminationReason, Termination] = {
+    _X.SEARCHER_DONE: Termination(_R.COMPLETED, _T.COMPLETED, Retry.NEVER, "trial completed"),
+    _X.EARLY_EXIT_INVALID_HP: Termination(
+        _R.COMPLETED, _T.COMPLETED, Retry.NEVER, "trial exited early: invalid hyperparameters"
+    ),
+    _X.EARLY_EXIT_USER_STOP: Termination(
+        _R.COMPLETED, _T.COMPLETED, Retry.NEVER, "trial exited early at the user's request"
+    ),
+    _X.SLURM_PREEMPTED: Termination(
+        _R.PREEMPTED, None, Retry.RESUBMIT, "preempted by Slurm; resubmitted from the latest checkpoint"
+    ),
+    _X.TIME_LIMIT_CHECKPOINTED: Termination(
+        _R.PREEMPTED,
+        None,
+        Retry.RESUBMIT,
+        "reached the job time limit; resubmitted from the latest checkpoint",
+    ),
+    _X.PAUSED_BY_USER: Termination(_R.PREEMPTED, _T.PAUSED, Retry.ON_ACTIVATE, "paused by the user"),
+    _X.PAUSED_BY_SEARCHER: Termination(
+        _R.PREEMPTED, _T.PAUSED, Retry.ON_ACTIVATE, "paused by the searcher until promoted"
+    ),
+    _X.CANCELED_BY_USER: Termination(_R.CANCELED, _T.CANCELED, Retry.NEVER, "canceled by the user"),
+    _X.KILLED_BY_USER: Termination(_R.CANCELED, _T.CANCELED, Retry.NEVER, "killed by the user"),
+    _X.NONZERO_EXIT: Termination(_R.FAILED, None, Retry.RESTART, "the job exited with a non-zero status"),
+    _X.NODE_FAIL: Termination(_R.FAILED, None, Retry.RESTART, "a node of the job failed"),
+    _X.OUT_OF_MEMORY: Termination(_R.FAILED, None, Retry.RESTART, "the job ran out of memory"),
+    _X.TIME_LIMIT: Termination(
+        _R.FAILED, None, Retry.RESTART, "the job hit its time limit without checkpointing"
+    ),
+    _X.JOB_LOST: Termination(_R.FAILED, None, Retry.RESTART, "Slurm no longer knows the job"),
+    _X.SUBMIT_FAILED: Termination(_R.FAILED, _T.ERROR, Retry.NEVER, "the job could not be submitted"),
+}
+
+EARLY_EXIT_REASONS: dict[str, TerminationReason] = {
+    "EXITED_REASON_INVALID_HP": TerminationReason.EARLY_EXIT_INVALID_HP,
+    "EXITED_REASON_USER_REQUESTED_STOP": TerminationReason.EARLY_EXIT_USER_STOP,
+    "EXITED_REASON_UNSPECIFIED": TerminationReason.NONZERO_EXIT,
+}
+
+
+def can_transition_experiment(old: ExperimentState, new: ExperimentState) -> bool:
+    return new in EXPERIMENT_TRANSITIONS[old]
+
+
+def can_transition_trial(old: TrialState, new: TrialState) -> bool:
+    return new in TRIAL_TRANSITIONS[old]

@@ -1,0 +1,239 @@
+"""Users, sessions and bearer tokens."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from hpc_master import auth
+from hpc_master.db.models import ExperimentModel, SessionModel, TrialModel, UserModel, utcnow
+from hpc_master.errors import (
+    ClientError,
+    ConfigError,
+    ConflictError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+)
+from hpc_master.services.common import get_or_404
+
+DEFAULT_USERS = ("admin", "determined")
+TRIAL_TOKEN_TTL = dt.timedelta(days=30)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a user, or the harness of one trial (``trial_id`` set)."""
+
+    user_id: int
+    username: str
+    admin: bool
+    trial_id: int | None = None
+
+    def require_user(self) -> None:
+        if self.trial_id is not None:
+            raise PermissionDeniedError("a per-trial token can only call its own trial's harness routes")
+
+    def require_admin(self) -> None:
+        self.require_user()
+        if not self.admin:
+            raise PermissionDeniedError("only an admin can do this")
+
+
+class TokenCache:
+    """Remembers recently validated token hashes for a few seconds, sparing the hot metrics path a query."""
+
+    def __init__(self, ttl_s: float = 5.0) -> None:
+        self.ttl_s = ttl_s
+        self._entries: dict[str, tuple[Principal, dt.datetime, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, token_hash: str) -> Principal | None:
+        with self._lock:
+            entry = self._entries.get(token_hash)
+        if entry is None:
+            return None
+        principal, expires_at, cached_at = entry
+        if time.monotonic() - cached_at > self.ttl_s or utcnow() >= expires_at:
+            self.forget(token_hash)
+            return None
+        return principal
+
+    def put(self, token_hash: str, principal: Principal, expires_at: dt.datetime) -> None:
+        with self._lock:
+            if len(self._entries) > 10_000:
+                self._entries.clear()
+            self._entries[token_hash] = (principal, expires_at, time.monotonic())
+
+    def forget(self, token_hash: str) -> None:
+        with self._lock:
+            self._entries.pop(token_hash, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+def ensure_default_users(session: Session, *, require_passwords: bool, admin_password: str | None) -> None:
+    """Create ``admin`` and ``determined`` at first start (blank passwords, as Determined).
+
+    With passwords required, blank ones are refused: the admin password must be given (``DET_ADMIN_PASSWORD``)
+    and ``determined`` is created inactive until an admin sets its password.
+    """
+    if session.scalar(select(UserModel.id).limit(1)) is not None:
+        return
+    if require_passwords and not admin_password:
+        raise ConfigError(
+            "passwords are required (security.require_passwords, or listening beyond loopback): set the admin "
+            "password for the first start with DET_ADMIN_PASSWORD or security.admin_password",
+            field="security.admin_password",
+        )
+    session.add(
+        UserModel(username="admin", password_hash=auth.hash_password(admin_password or ""), admin=True)
+    )
+    session.add(UserModel(username="determined", password_hash="", admin=False, active=not require_passwords))
+
+
+def login(
+    session: Session, username: str, password: str, *, ttl: dt.timedelta, require_passwords: bool
+) -> tuple[str, UserModel]:
+    user = session.scalar(select(UserModel).where(UserModel.username == username))
+    # Verify against a dummy hash for unknown users so timing does not reveal which usernames exist.
+    stored = user.password_hash if user is not None else _DUMMY_HASH
+    ok = auth.verify_password(password, stored)
+    if user is None or not ok or not user.active:
+        raise UnauthenticatedError("invalid credentials")
+    if require_passwords and user.password_hash == auth.BLANK_PASSWORD_HASH:
+        raise UnauthenticatedError("this master requires passwords; ask an admin to set yours")
+    token = auth.new_token()
+    session.add(SessionModel(token_hash=auth.hash_token(token), user_id=user.id, expires_at=utcnow() + ttl))
+    return token, user
+
+
+_DUMMY_HASH = auth.hash_password("not-a-real-password")
+
+
+def logout(session: Session, token: str, cache: TokenCache | None = None) -> None:
+    token_hash = auth.hash_token(token)
+    session.execute(delete(SessionModel).where(SessionModel.token_hash == token_hash))
+    if cache is not None:
+        cache.forget(token_hash)
+
+
+def authenticate(session: Session, token: str, cache: TokenCache | None = None) -> Principal:
+    token_hash = auth.hash_token(token)
+    if cache is not None:
+        cached = cache.get(token_hash)
+        if cached is not None:
+            return cached
+    row = session.execute(
+        select(SessionModel, UserModel)
+        .join(UserModel, UserModel.id == SessionModel.user_id)
+        .where(SessionModel.token_hash == token_hash)
+    ).first()
+    if row is None:
+        raise UnauthenticatedError("invalid or expired token")
+    sess, user = row
+    if sess.expires_at <= utcnow() or not user.active:
+        raise UnauthenticatedError("invalid or expired token")
+    principal = Principal(user_id=user.id, username=user.username, admin=user.admin, trial_id=sess.trial_id)
+    if cache is not None:
+        cache.put(token_hash, principal, sess.expires_at)
+    return principal
+
+
+def mint_trial_token(session: Session, trial_id: int, ttl: dt.timedelta | None = None) -> str:
+    """Token for the harness of one trial, owned by the experiment's owner and usable only on that trial."""
+    trial = get_or_404(session, TrialModel, trial_id, "trial")
+    experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
+    token = auth.new_token()
+    session.add(
+        SessionModel(
+            token_hash=auth.hash_token(token),
+            user_id=experiment.owner_id,
+            trial_id=trial_id,
+            expires_at=utcnow() + (ttl or TRIAL_TOKEN_TTL),
+        )
+    )
+    return token
+
+
+def purge_expired_sessions(session: Session) -> int:
+    result = session.execute(delete(SessionModel).where(SessionModel.expires_at <= utcnow()))
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+def list_users(session: Session) -> list[UserModel]:
+    return list(session.scalars(select(UserModel).order_by(UserModel.id)))
+
+
+def create_user(
+    session: Session,
+    principal: Principal,
+    *,
+    username: str,
+    password: str,
+    admin: bool = False,
+    active: bool = True,
+    unix_username: str | None = None,
+    display_name: str | None = None,
+    require_passwords: bool = False,
+) -> UserModel:
+    principal.require_admin()
+    if not username or len(username) > 128 or not username.isprintable() or " " in username:
+        raise ClientError("username must be 1-128 printable characters without spaces", field="username")
+    if require_passwords and not password:
+        raise ClientError("this master requires a non-blank password", field="password")
+    if session.scalar(select(UserModel.id).where(UserModel.username == username)) is not None:
+        raise ConflictError(f"user {username!r} already exists", field="username")
+    user = UserModel(
+        username=username,
+        password_hash=auth.hash_password(password),
+        admin=admin,
+        active=active,
+        unix_username=unix_username or username,
+        display_name=display_name,
+    )
+    session.add(user)
+    session.flush()
+    return user
+
+
+def patch_user(
+    session: Session,
+    principal: Principal,
+    user_id: int,
+    *,
+    password: str | None = None,
+    active: bool | None = None,
+    admin: bool | None = None,
+    unix_username: str | None = None,
+    display_name: str | None = None,
+    require_passwords: bool = False,
+    cache: TokenCache | None = None,
+) -> UserModel:
+    principal.require_user()
+    user = get_or_404(session, UserModel, user_id, "user")
+    own = user.id == principal.user_id
+    privileged = active is not None or admin is not None or unix_username is not None
+    if not principal.admin and (not own or privileged):
+        raise PermissionDeniedError("only an admin can change other users or user flags")
+    if password is not None:
+        if require_passwords and not password:
+            raise ClientError("this master requires a non-blank password", field="password")
+        user.password_hash = auth.hash_password(password)
+    if active is not None:
+        user.active = active
+    if admin is not None:
+        user.admin = admin
+    if unix_username is not None:
+        user.unix_username = unix_username
+    if display_name is not None:
+        user.display_name = display_name
+    if cache is not None:
+        cache.clear()
+    return user
