@@ -75,7 +75,9 @@ def make_algorithm(config: SearcherConfig, space: hparams.Space) -> Algorithm:
     return AdaptiveASHA(config)
 
 
-def make_search_method(searcher_cfg: Mapping[str, Any], hyperparameters: Mapping[str, Any], seed: int) -> SearchMethod:
+def make_search_method(
+    searcher_cfg: Mapping[str, Any], hyperparameters: Mapping[str, Any], seed: int
+) -> SearchMethod:
     """Build a search method from Determined-shaped dicts; raises ``ValueError`` on bad input."""
     config = parse_searcher_config(searcher_cfg)
     space = hparams.parse_space(hyperparameters)

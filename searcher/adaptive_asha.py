@@ -89,7 +89,12 @@ class AdaptiveASHA(Algorithm):
     def __init__(self, config: SearcherConfig) -> None:
         self.brackets = brackets_for(config)
         self.subs = [
-            AsyncHalving(config, num_rungs=b.num_rungs, max_trials=b.max_trials, max_concurrent_trials=b.max_concurrent_trials)
+            AsyncHalving(
+                config,
+                num_rungs=b.num_rungs,
+                max_trials=b.max_trials,
+                max_concurrent_trials=b.max_concurrent_trials,
+            )
             for b in self.brackets
         ]
         self.owner: dict[str, int] = {}

@@ -26,6 +26,7 @@ hyperparameters are removed from every rung and replaced.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -41,7 +42,7 @@ Entry = list[Any]
 def rung_lengths(max_length: int, divisor: float, num_rungs: int) -> list[int]:
     """Total units a trial must have trained to report at each rung (Determined's ``makeRungs``)."""
     lengths = [max(int(float(max_length) / divisor ** (num_rungs - i - 1)), 1) for i in range(num_rungs)]
-    if any(b <= a for a, b in zip(lengths, lengths[1:], strict=False)):
+    if any(b <= a for a, b in itertools.pairwise(lengths)):
         raise ValueError(
             f"searcher: {num_rungs} rungs with divisor {divisor} do not fit in max_length {max_length} "
             f"(rung lengths {lengths} repeat); use fewer rungs or a longer max_length"
@@ -49,7 +50,9 @@ def rung_lengths(max_length: int, divisor: float, num_rungs: int) -> list[int]:
     return lengths
 
 
-def default_max_concurrent(max_trials: int, max_concurrent_trials: int, divisor: float, num_rungs: int) -> int:
+def default_max_concurrent(
+    max_trials: int, max_concurrent_trials: int, divisor: float, num_rungs: int
+) -> int:
     """How many trials start at once (Determined's ``initialOperations``)."""
     if max_concurrent_trials > 0:
         return min(max_concurrent_trials, max_trials)
@@ -100,8 +103,13 @@ def asha_progress(bottom_rung_results: int, completed: int, max_trials: int) -> 
 class AsyncHalving(Algorithm):
     name = "async_halving"
 
-    def __init__(self, config: SearcherConfig, num_rungs: int | None = None, max_trials: int | None = None,
-                 max_concurrent_trials: int | None = None) -> None:
+    def __init__(
+        self,
+        config: SearcherConfig,
+        num_rungs: int | None = None,
+        max_trials: int | None = None,
+        max_concurrent_trials: int | None = None,
+    ) -> None:
         assert config.max_length is not None
         self.num_rungs = num_rungs if num_rungs is not None else config.num_rungs
         self.max_trials = max_trials if max_trials is not None else config.max_trials
@@ -215,7 +223,9 @@ class AsyncHalving(Algorithm):
             for entries in self.rungs:
                 entries[:] = [e for e in entries if e[0] != request_id]
             ops = self._create(ctx)
-            return ops + (self._close_out() if self.pause_mode and len(self.rungs[0]) >= self.max_trials else [])
+            return ops + (
+                self._close_out() if self.pause_mode and len(self.rungs[0]) >= self.max_trials else []
+            )
         if request_id not in self.awaiting:
             return []  # paused, already counted at its rung; if promoted later it records the worst result
         return self._record(ctx, request_id, WORST_METRIC)

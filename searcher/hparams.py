@@ -159,7 +159,7 @@ def sample(space: Space, rng: random.Random) -> dict[str, Any]:
 
 def go_round(x: float) -> int:
     """Go's ``math.Round``: halves away from zero."""
-    return int(math.floor(abs(x) + 0.5)) * (1 if x >= 0 else -1)
+    return math.floor(abs(x) + 0.5) * (1 if x >= 0 else -1)
 
 
 def grid_values(param: Param, path: str = "?") -> list[Any]:

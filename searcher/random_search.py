@@ -28,7 +28,9 @@ def length_progress(
         return 1.0
     if max_length is None:
         return len(closed - invalid) / trials
-    done = sum(max_length if rid in closed else min(u, max_length) for rid, u in units.items() if rid not in invalid)
+    done = sum(
+        max_length if rid in closed else min(u, max_length) for rid, u in units.items() if rid not in invalid
+    )
     return done / (max_length * trials)
 
 
