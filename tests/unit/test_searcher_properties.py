@@ -357,3 +357,17 @@ def test_stuck_searches_are_reported() -> None:
     )  # no max_length: nothing to train to
     with pytest.raises(SimulationError, match="stuck"):
         simulate(m, SyntheticCurves(horizon=10))
+
+
+def test_plan_describes_brackets_and_simulates() -> None:
+    from searcher.plan import format_plan, plan_search
+
+    cfg = {"name": "adaptive_asha", "metric": "loss", "max_trials": 16, "max_length": {"batches": 1000}}
+    plan = plan_search({**cfg, "max_concurrent_trials": 0}, SPACE)
+    assert [(b.num_rungs, b.max_trials, b.rung_lengths) for b in plan.brackets] == [
+        (3, 12, (62, 250, 1000)),
+        (2, 4, (250, 1000)),
+    ]
+    assert plan.simulated is not None and plan.simulated.trials_created == 16
+    text = format_plan(plan)
+    assert "rung 1: train to 62 batches" in text and "Promotion: pause" in text
