@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -10,7 +11,40 @@ from hpc_master.expconf._errors import ExperimentConfigError, config_error
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last one)."""
+    """SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last one) and does not read
+    ``1:30:00`` as the YAML 1.1 base-60 integer 5400 (YAML 1.2 dropped that; here it stays a string, so a
+    Slurm time limit written without quotes means what it looks like). Floats follow YAML 1.2, so ``1e-3`` is
+    a number (PyYAML's YAML 1.1 rules make it a string)."""
+
+
+def _drop_sexagesimal() -> None:
+    resolvers: dict[Any, Any] = {}
+    for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items():
+        resolvers[first] = [
+            (tag, regexp)
+            for tag, regexp in entries
+            if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+        ]
+    _StrictLoader.yaml_implicit_resolvers = resolvers
+    int_re = re.compile(
+        r"""^(?:[-+]?0b[0-1_]+
+        |[-+]?0[0-7_]+
+        |[-+]?(?:0|[1-9][0-9_]*)
+        |[-+]?0x[0-9a-fA-F_]+)$""",
+        re.X,
+    )
+    float_re = re.compile(
+        r"""^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    )
+    _StrictLoader.add_implicit_resolver("tag:yaml.org,2002:int", int_re, list("-+0123456789"))
+    _StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", float_re, list("-+0123456789."))
+
+
+_drop_sexagesimal()
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:

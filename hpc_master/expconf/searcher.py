@@ -8,17 +8,18 @@ Training length, two forms:
 ASHA / async_halving need one of the two forms (not both); single/random/grid accept ``max_length`` optionally
 (0.38 dropped it: the training script decides how long to train).
 
-**Our extension, ``promotion: pause | stop``** (adaptive_asha and async_halving) decides what happens to a trial
-that finishes a rung without being promoted at once:
+**Our extension, ``promotion: pause | continue``** (adaptive_asha and async_halving; the same vocabulary as the
+``searcher`` package) decides what happens to a trial that finishes a rung without being promoted at once:
 
 - ``pause``: promotion-based ASHA, Determined's ``stop_once: false``. The trial checkpoints and *pauses* (its
   Slurm job exits and frees the GPUs); if later results promote it, it is *resumed* from that checkpoint.
-- ``stop``: early-stopping ASHA, Determined's ``stop_once: true`` (the only behaviour of Determined >= 0.38).
-  The trial is stopped for good; trials keep training by default and stop only on enough evidence.
+- ``continue``: early-stopping ASHA, Determined's ``stop_once: true`` (the only behaviour of Determined
+  >= 0.38). Trials continue training by default and are stopped for good, never resumed, once a rung's
+  results rank them out.
 
-``promotion`` and ``stop_once`` are two spellings of one choice (``stop_once: true`` == ``promotion: stop``);
-giving both with different meanings is an error. Default when neither is given: ``pause`` for the <= 0.37
-``max_length`` form (Determined's default there was ``stop_once: false``) and ``stop`` for the 0.38
+``promotion`` and ``stop_once`` are two spellings of one choice (``stop_once: true`` == ``promotion:
+continue``); giving both with different meanings is an error. Default when neither is given: ``pause`` for the
+<= 0.37 ``max_length`` form (Determined's default there was ``stop_once: false``) and ``continue`` for the 0.38
 ``time_metric`` form (as Determined 0.38 behaves). After parsing both fields are always set.
 """
 
@@ -45,7 +46,7 @@ REJECTED_SEARCHERS = {
     "sync_halving": "the 'sync_halving' searcher was removed from Determined; use 'async_halving'",
 }
 
-Promotion = Literal["pause", "stop"]
+Promotion = Literal["pause", "continue"]
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
@@ -113,16 +114,16 @@ class _HalvingBase(_SearcherBase):
             )
         from_stop_once: Promotion | None = None
         if self.stop_once is not None:
-            from_stop_once = "stop" if self.stop_once else "pause"
+            from_stop_once = "continue" if self.stop_once else "pause"
         if self.promotion is not None and from_stop_once is not None and self.promotion != from_stop_once:
             raise custom_error(
                 f"promotion: {self.promotion} contradicts stop_once: {str(self.stop_once).lower()} "
-                "(stop_once: true means promotion: stop); give only one of them",
+                "(stop_once: true means promotion: continue); give only one of them",
                 ["promotion"],
             )
-        resolved: Promotion = self.promotion or from_stop_once or ("stop" if has_new else "pause")
+        resolved: Promotion = self.promotion or from_stop_once or ("continue" if has_new else "pause")
         object.__setattr__(self, "promotion", resolved)
-        object.__setattr__(self, "stop_once", resolved == "stop")
+        object.__setattr__(self, "stop_once", resolved == "continue")
         return self
 
     def length(self) -> tuple[str, int]:
@@ -190,14 +191,14 @@ AnySearcher = SingleSearcher | RandomSearcher | GridSearcher | AdaptiveASHASearc
 def searcher_to_dict(s: AnySearcher) -> dict[str, Any]:
     """Plain JSON-able dict in Determined shape, for the searcher package.
 
-    Always carries ``max_length: {unit: N}`` when a length was given in either form (for the 0.38 form the
-    unit is the ``time_metric`` name), and for ASHA / async_halving also ``time_metric``/``max_time`` (the same
-    length) and the resolved ``promotion``/``stop_once``.
+    The length is always normalised to ``max_length: {unit: N}`` (for the 0.38 form the unit is the
+    ``time_metric`` name, e.g. ``{batches: 1000}``); ``time_metric``/``max_time`` are never sent, so there is one
+    form only. ASHA / async_halving always carry the resolved ``promotion`` and ``stop_once``.
     """
     out = {"name": s.name, **s.model_dump(mode="json", exclude_none=True)}
     if isinstance(s, _HalvingBase):
         unit, amount = s.length()
+        out.pop("time_metric", None)
+        out.pop("max_time", None)
         out["max_length"] = {unit: amount}
-        out["time_metric"] = unit
-        out["max_time"] = amount
     return out

@@ -103,8 +103,6 @@ def test_asha_037_searcher_dict_defaults() -> None:
         "divisor": 4.0,
         "max_concurrent_trials": 4,
         "max_length": {"epochs": 1},
-        "time_metric": "epochs",
-        "max_time": 1,
         "stop_once": False,
         "promotion": "pause",
         "mode": "aggressive",
@@ -117,8 +115,9 @@ def test_asha_038_form_defaults_to_early_stopping() -> None:
     cfg = _good("adaptive_asha_038")
     d = cfg.searcher_dict()
     assert d is not None
-    assert (d["time_metric"], d["max_time"], d["max_length"]) == ("batches", 1000, {"batches": 1000})
-    assert (d["promotion"], d["stop_once"]) == ("stop", True)
+    assert d["max_length"] == {"batches": 1000}
+    assert "time_metric" not in d and "max_time" not in d  # one length form only, for the searcher package
+    assert (d["promotion"], d["stop_once"]) == ("continue", True)
     assert "max_length" not in cfg.to_dict()["searcher"]  # the dump keeps the user's form
 
 
@@ -229,11 +228,11 @@ def test_promotion_defaults() -> None:
     base = "searcher: {name: adaptive_asha, metric: m, max_trials: 4, %s}"
     cases = {
         "max_length: {batches: 10}": ("pause", False),
-        "time_metric: batches, max_time: 10": ("stop", True),
-        "max_length: {batches: 10}, stop_once: true": ("stop", True),
+        "time_metric: batches, max_time: 10": ("continue", True),
+        "max_length: {batches: 10}, stop_once: true": ("continue", True),
         "time_metric: epochs, max_time: 3, stop_once: false": ("pause", False),
         "time_metric: epochs, max_time: 3, promotion: pause": ("pause", False),
-        "max_length: {batches: 10}, promotion: stop": ("stop", True),
+        "max_length: {batches: 10}, promotion: continue": ("continue", True),
     }
     for extra, (promotion, stop_once) in cases.items():
         d = parse_experiment_config(base % extra).searcher_dict()
