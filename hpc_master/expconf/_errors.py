@@ -62,7 +62,7 @@ def check_unknown_keys(data: Mapping[Any, Any], valid: Iterable[str]) -> None:
             raise PydanticCustomError(
                 UNKNOWN_FIELD,
                 "unknown field",
-                {"field": key, "message": unknown_field_message(str(key), valid_set)},
+                {"field": str(key), "message": unknown_field_message(str(key), valid_set)},
             )
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from hpc_master.expconf._base import StrictModel
-from hpc_master.expconf._errors import check_unknown_keys, custom_error
+from hpc_master.expconf._errors import check_unknown_keys, custom_error, describe
 
 DeviceType = Literal["cpu", "cuda", "rocm"]
 DEVICE_TYPES: tuple[DeviceType, ...] = ("cpu", "cuda", "rocm")
@@ -42,6 +42,10 @@ def _per_device(data: Any) -> Any:
                 raise custom_error("give cuda or its old name gpu, not both", ["gpu"])
             out["cuda"] = data["gpu"]
         return out
+    if data is not None and not isinstance(data, str | list):
+        raise custom_error(
+            f"expected a value or a mapping per device type (cpu, cuda, rocm), got {describe(data)}"
+        )
     return {d: data for d in DEVICE_TYPES}
 
 

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from hpc_master.expconf._base import StrictModel
-from hpc_master.expconf._errors import UNION_TAGS, custom_error
+from hpc_master.expconf._errors import UNION_TAGS, custom_error, describe
 from hpc_master.expconf.units import Length
 
 SEARCHER_NAMES = ("single", "random", "grid", "adaptive_asha", "async_halving")
@@ -170,8 +170,10 @@ Searcher = Annotated[
 
 def check_searcher_name(raw: Any) -> None:
     """Raise a clear error for a missing, unknown or rejected searcher name (before pydantic sees it)."""
-    if not isinstance(raw, Mapping):
+    if raw is None:
         return
+    if not isinstance(raw, Mapping):
+        raise custom_error(f"expected a mapping with a name, got {describe(raw)}", ["searcher"])
     name = raw.get("name")
     if name is None:
         raise custom_error("missing required field; expected one of " + _names(), ["searcher", "name"])

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from hpc_master.expconf._base import StrictModel
-from hpc_master.expconf._errors import UNION_TAGS, custom_error
+from hpc_master.expconf._errors import UNION_TAGS, custom_error, describe
 
 STORAGE_TYPES = ("shared_fs", "directory")
 UNION_TAGS.update(STORAGE_TYPES)
@@ -98,8 +98,10 @@ AnyStorage = SharedFSStorage | DirectoryStorage
 
 def check_storage_type(raw: Any, path: list[str | int]) -> None:
     """Clear errors for a missing, unsupported or unknown storage type (before pydantic sees it)."""
-    if not isinstance(raw, Mapping):
+    if raw is None:
         return
+    if not isinstance(raw, Mapping):
+        raise custom_error(f"expected a mapping with a type, got {describe(raw)}", path)
     kind = raw.get("type")
     allowed = "expected 'shared_fs' or 'directory'"
     if kind is None:
