@@ -25,10 +25,11 @@ class MetricReport:
 
 def _insert_ignore(session: Session) -> Any:
     dialect = session.get_bind().dialect.name
+    table = MetricModel.__table__
     if dialect == "postgresql":
-        return pg_insert(MetricModel).on_conflict_do_nothing(constraint="uq_metrics_report")
+        return pg_insert(table).on_conflict_do_nothing(constraint="uq_metrics_report")
     if dialect == "sqlite":
-        return sqlite_insert(MetricModel).on_conflict_do_nothing()
+        return sqlite_insert(table).on_conflict_do_nothing()
     raise NotImplementedError(f"metrics ingest does not support {dialect}")
 
 
@@ -51,8 +52,10 @@ def ingest_metrics(session: Session, trial_id: int, reports: list[MetricReport])
         }
         for r in reports
     ]
-    result: Any = session.execute(_insert_ignore(session), rows)
-    accepted = int(result.rowcount) if result.rowcount is not None and result.rowcount >= 0 else len(rows)
+    # RETURNING yields only the rows actually inserted (conflicts return nothing) on SQLite and PostgreSQL
+    # alike; SQLAlchemy batches the rows into multi-row INSERTs ("insertmanyvalues").
+    stmt = _insert_ignore(session).returning(MetricModel.__table__.c.id)
+    accepted = len(session.connection().execute(stmt, rows).all())
     max_steps = max(r.steps_completed for r in reports)
     session.execute(
         update(TrialModel)
