@@ -1,0 +1,144 @@
+"""What the launchers share: signal forwarding, per-rank exit records, Slurm/cluster facts from the environment."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import tempfile
+import time
+import types
+from collections.abc import Callable, Iterator
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+EXIT_DIR_ENV = "DET_RANK_EXIT_DIR"
+_BATCH_STEP_IDS = {"", "batch", "extern", "4294967294", "4294967295"}
+
+
+def exit_code_of(returncode: int) -> int:
+    """A Popen returncode as a shell exit status (killed by signal N → 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@contextlib.contextmanager
+def forward_signals(
+    handler_for: Callable[[int], None], signals: tuple[signal.Signals, ...] = FORWARDED_SIGNALS
+) -> Iterator[None]:
+    """Install ``handler_for(signum)`` for ``signals`` (main thread only) and restore the old handlers after."""
+    old: dict[signal.Signals, signal.Handlers | int | Callable[[int, types.FrameType | None], object] | None] = {}
+
+    def handle(signum: int, _frame: types.FrameType | None) -> None:
+        handler_for(signum)
+
+    try:
+        for sig in signals:
+            old[sig] = signal.signal(sig, handle)
+        yield
+    finally:
+        for sig, prev in old.items():
+            signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of ``pid`` (Linux /proc)."""
+    out = []
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def in_srun_step() -> bool:
+    """True inside an ``srun`` task (as opposed to the batch script or no Slurm at all)."""
+    return "SLURM_JOB_ID" in os.environ and os.environ.get("SLURM_STEP_ID", "") not in _BATCH_STEP_IDS
+
+
+def in_slurm_allocation() -> bool:
+    return "SLURM_JOB_ID" in os.environ
+
+
+def ensure_exit_dir() -> pathlib.Path:
+    """Directory where wrap_rank records each rank's exit (shared by every node when under DET_JOB_STORAGE)."""
+    raw = os.environ.get(EXIT_DIR_ENV)
+    if raw:
+        path = pathlib.Path(raw)
+    else:
+        base = os.environ.get("DET_JOB_STORAGE")
+        tag = f"{os.environ.get('SLURM_JOB_ID', 'local')}-{os.getpid()}-{time.time_ns()}"
+        if base:
+            path = pathlib.Path(base) / ".rank-exits" / tag
+        else:
+            path = pathlib.Path(tempfile.mkdtemp(prefix="det-rank-exits-"))
+        os.environ[EXIT_DIR_ENV] = str(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def record_exit(rank: int, exit_code: int, signalled: bool) -> None:
+    raw = os.environ.get(EXIT_DIR_ENV)
+    if not raw:
+        return
+    try:
+        path = pathlib.Path(raw) / f"rank-{rank}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"rank": rank, "exit_code": exit_code, "signalled": signalled, "time": time.time()}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def first_failure(exit_dir: pathlib.Path) -> dict[str, object] | None:
+    """The rank that failed first on its own (not because it was told to stop), else the first failure."""
+    records = []
+    for p in exit_dir.glob("rank-*.json"):
+        try:
+            records.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            continue
+    failed = sorted((r for r in records if r.get("exit_code")), key=lambda r: (bool(r.get("signalled")), r["time"]))
+    return failed[0] if failed else None
+
+
+def run_and_report(cmd: list[str], exit_dir: pathlib.Path, *, on_signal: Callable[[subprocess.Popen[bytes], int], None] | None = None,
+                   preexec_fn: Callable[[], None] | None = None) -> int:
+    """Run ``cmd`` forwarding signals; exit with the first failed rank's exit code when a rank failed."""
+    proc = subprocess.Popen(cmd, preexec_fn=preexec_fn)
+
+    def forward(signum: int) -> None:
+        if on_signal is not None:
+            on_signal(proc, signum)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
+
+    with forward_signals(forward):
+        rc = exit_code_of(proc.wait())
+    if rc != 0:
+        failure = first_failure(exit_dir)
+        if failure is not None:
+            print(f"[launcher] rank {failure['rank']} failed first with exit code {failure['exit_code']}", flush=True)
+            code = failure["exit_code"]
+            return int(code) if isinstance(code, int) else rc
+    return rc
+
+
+def python_cmd() -> list[str]:
+    import sys
+
+    return [sys.executable]

@@ -1,0 +1,180 @@
+"""Launch a script under torch.distributed on a Slurm allocation: one ``srun`` task per node, each a ``torchrun``.
+
+    python3 -m launchers.torch_distributed [TORCHRUN_OVERRIDES... --] (--trial MODULE:CLASS | SCRIPT...)
+
+From the batch script (or anywhere outside an ``srun`` step) it runs::
+
+    srun --nodes=N --ntasks-per-node=1 --kill-on-bad-exit=1 [DET_SRUN_ARGS...] \\
+        python3 -m launchers.torch_distributed --node [OVERRIDES... --] SCRIPT...
+
+and on every node (``--node``, or when already inside an ``srun`` task, or off Slurm)::
+
+    torchrun --nnodes N --node-rank $SLURM_NODEID --nproc-per-node SLOTS --rdzv-backend c10d \\
+        --rdzv-endpoint FIRST_NODE_IP:PORT --max-restarts 0 [OVERRIDES...] \\
+        --module launchers.wrap_rank RANK -- SCRIPT...
+
+torchrun stops the other ranks of a node when one fails; ``srun --kill-on-bad-exit=1`` stops the other nodes.
+The launcher exits with the exit code of the rank that failed first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+
+from launchers._common import children_of, ensure_exit_dir, in_slurm_allocation, in_srun_step, run_and_report
+
+C10D_PORT_BASE = 29400
+
+
+def c10d_port() -> int:
+    from harness._info import get_port_offset
+
+    return C10D_PORT_BASE + get_port_offset()
+
+
+def build_torchrun_cmd(
+    *,
+    nnodes: int,
+    node_rank: int,
+    nproc_per_node: int,
+    rdzv_host: str,
+    rdzv_port: int,
+    override_args: list[str],
+    script: list[str],
+    torchrun: list[str] | None = None,
+) -> list[str]:
+    return [
+        *(torchrun or ["torchrun"]),
+        "--nnodes",
+        str(nnodes),
+        "--node-rank",
+        str(node_rank),
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{rdzv_host}:{rdzv_port}",
+        "--max-restarts",
+        "0",
+        *override_args,
+        "--module",
+        "launchers.wrap_rank",
+        "RANK",
+        "--",
+        *script,
+    ]
+
+
+def build_srun_cmd(
+    *, nnodes: int, override_args: list[str], script: list[str], python: str = "python3", extra_srun_args: list[str] | None = None
+) -> list[str]:
+    node_cmd = [python, "-m", "launchers.torch_distributed", "--node"]
+    if override_args:
+        node_cmd += [*override_args, "--"]
+    elif script and (script[0] == "--" or script[0].startswith("-")):
+        node_cmd += ["--"]
+    return [
+        "srun",
+        f"--nodes={nnodes}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        *(extra_srun_args or []),
+        *node_cmd,
+        *script,
+    ]
+
+
+def parse_args(args: list[str]) -> tuple[bool, list[str], list[str]]:
+    """(node_mode, torchrun overrides, script). ``--trial X`` becomes ``python -m harness.exec.run_trial X``."""
+    node = False
+    if args and args[0] == "--node":
+        node, args = True, args[1:]
+    overrides: list[str] = []
+    if "--" in args:
+        i = args.index("--")
+        overrides, args = args[:i], args[i + 1 :]
+    if args[:1] == ["--trial"]:
+        if len(args) != 2:
+            raise SystemExit("error: --trial takes exactly one MODULE:CLASS and no script")
+        args = [sys.executable, "-m", "harness.exec.run_trial", args[1]]
+    if not args:
+        raise SystemExit("usage: python3 -m launchers.torch_distributed [OVERRIDES... --] (--trial T | SCRIPT...)")
+    return node, overrides, args
+
+
+def node_facts() -> tuple[int, int, int, str]:
+    """(nnodes, node_rank, slots on this node, rendezvous host) from cluster info, else Slurm, else 1 node."""
+    from harness._info import get_chief_ip, get_cluster_info
+
+    info = get_cluster_info()
+    env = os.environ
+    if info is not None:
+        nnodes, slots = len(info.container_addrs), len(info.slot_ids)
+    else:
+        nnodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1)
+        visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+        slots = int(env.get("SLURM_GPUS_ON_NODE") or len(visible) or 1)
+    node_rank = int(env.get("SLURM_NODEID") or (info.container_rank if info else 0))
+    host = "127.0.0.1" if nnodes == 1 else (get_chief_ip() or "127.0.0.1")
+    return nnodes, node_rank, slots, host
+
+
+def _torchrun() -> list[str]:
+    exe = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    return [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def _ignore_usr1() -> None:
+    # torchrun has no SIGUSR1 handler, so the signal would kill it; ranks get it from us instead.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def run_node(overrides: list[str], script: list[str]) -> int:
+    nnodes, node_rank, slots, host = node_facts()
+    os.environ["DET_CHIEF_IP"] = host if nnodes > 1 else os.environ.get("DET_CHIEF_IP", "127.0.0.1")
+    os.environ["USE_TORCH_DISTRIBUTED"] = "True"
+    cmd = build_torchrun_cmd(
+        nnodes=nnodes,
+        node_rank=node_rank,
+        nproc_per_node=slots,
+        rdzv_host=host,
+        rdzv_port=c10d_port(),
+        override_args=overrides,
+        script=script,
+        torchrun=_torchrun(),
+    )
+    exit_dir = ensure_exit_dir()
+
+    def on_signal(proc: subprocess.Popen[bytes], signum: int) -> None:
+        targets = children_of(proc.pid) if signum in (signal.SIGUSR1, signal.SIGUSR2) else [proc.pid]
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    return run_and_report(cmd, exit_dir, on_signal=on_signal, preexec_fn=_ignore_usr1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    node, overrides, script = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if node or in_srun_step() or not in_slurm_allocation():
+        return run_node(overrides, script)
+    nnodes = node_facts()[0]
+    cmd = build_srun_cmd(
+        nnodes=nnodes,
+        override_args=overrides,
+        script=script,
+        python=sys.executable,
+        extra_srun_args=shlex.split(os.environ.get("DET_SRUN_ARGS", "")),
+    )
+    return run_and_report(cmd, ensure_exit_dir())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

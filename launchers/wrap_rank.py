@@ -1,0 +1,117 @@
+"""Run a command, prefixing every line of its stdout and stderr with ``[rank=N] ``.
+
+    python3 -m launchers.wrap_rank [--no-redirect-stdio] RANK [--] SCRIPT...
+
+RANK is an integer or a comma-separated list of environment variable names tried in order (``RANK``,
+``SLURM_PROCID``). Lines end at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (progress bars); a final partial line is kept
+and emitted with a newline; very long lines are cut at 64 KiB. SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2 and
+SIGCONT are forwarded to the child. The exit code is the child's (128+N when killed by signal N), and is also
+recorded in ``DET_RANK_EXIT_DIR`` when set, so a launcher can report the rank that failed first.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+from launchers._common import STOP_SIGNALS, exit_code_of, forward_signals, record_exit
+
+MAX_LINE = 65536
+
+
+def resolve_rank(spec: str) -> int:
+    if spec.isdigit():
+        return int(spec)
+    for name in spec.split(","):
+        value = os.environ.get(name.strip())
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    raise SystemExit(f"wrap_rank: none of the rank variables {spec} is set")
+
+
+def prefix_lines(src_fd: int, dst_fd: int, prefix: bytes) -> None:
+    """Copy ``src_fd`` to ``dst_fd`` line by line, each line prefixed; never loses a trailing partial line."""
+    buf = b""
+    skip_lf = False  # the previous chunk ended with '\r': a '\n' right after belongs to it
+    while True:
+        chunk = os.read(src_fd, 65536)
+        if not chunk:
+            break
+        if skip_lf and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        skip_lf = chunk.endswith(b"\r")
+        buf += chunk
+        out = []
+        start = 0
+        i = 0
+        n = len(buf)
+        while i < n:
+            c = buf[i]
+            if c == 10 or c == 13:  # '\n' or '\r'
+                out.append(prefix + buf[start:i] + b"\n")
+                if c == 13 and i + 1 < n and buf[i + 1] == 10:
+                    i += 1
+                start = i + 1
+            elif i - start >= MAX_LINE:
+                out.append(prefix + buf[start:i] + b"\n")
+                start = i
+            i += 1
+        buf = buf[start:]
+        if out:
+            _write_all(dst_fd, b"".join(out))
+    if buf:
+        _write_all(dst_fd, prefix + buf + b"\n")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "--no-redirect-stdio":
+        args = args[1:]  # accepted for Determined compatibility; we always write to our own stdout/stderr
+    if not args:
+        print(__doc__, file=sys.stderr)
+        return 2
+    rank = resolve_rank(args[0])
+    script = args[1:]
+    if script and script[0] == "--":
+        script = script[1:]
+    if not script:
+        print("wrap_rank: no command given", file=sys.stderr)
+        return 2
+    prefix = f"[rank={rank}] ".encode()
+    proc = subprocess.Popen(script, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+    assert proc.stdout is not None and proc.stderr is not None
+    stopped = False
+
+    def forward(signum: int) -> None:
+        nonlocal stopped
+        stopped = stopped or signum in STOP_SIGNALS
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    threads = [
+        threading.Thread(target=prefix_lines, args=(proc.stdout.fileno(), sys.stdout.fileno(), prefix), daemon=True),
+        threading.Thread(target=prefix_lines, args=(proc.stderr.fileno(), sys.stderr.fileno(), prefix), daemon=True),
+    ]
+    with forward_signals(forward):
+        for t in threads:
+            t.start()
+        rc = exit_code_of(proc.wait())
+        for t in threads:
+            t.join(timeout=10)  # a grandchild may hold the pipes open after the child exits
+    record_exit(rank, rc, stopped)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
