@@ -38,10 +38,10 @@ from typing import Any, Protocol
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _curves import CurveProblem  # noqa: E402
+from _curves import CurveProblem
 
-from searcher import Action, Create, ExitedReason, Stop, ValidateAfter, make_search_method  # noqa: E402
-from searcher.simulate import SimConfig, Summary, simulate  # noqa: E402
+from searcher import Action, Create, ExitedReason, Stop, ValidateAfter, make_search_method
+from searcher.simulate import SimConfig, Summary, simulate
 
 MAX_LENGTH = 81
 DIVISOR = 3
@@ -70,7 +70,7 @@ class HartmannProblem:
     max_length = MAX_LENGTH
 
     def __init__(self, seed: int) -> None:
-        import mfpbench  # type: ignore[import-not-found]
+        import mfpbench  # type: ignore[import-not-found,unused-ignore]
 
         self.bench = mfpbench.MFHartmann3Benchmark(seed=seed)
         self.name = "mf-hartmann3 (mf-prior-bench)"
@@ -89,7 +89,7 @@ class HartmannProblem:
 
     def _fidelity(self, units: int) -> int:
         lo, hi, _ = self.bench.fidelity_range
-        return int(round(lo + (hi - lo) * min(units, MAX_LENGTH) / MAX_LENGTH))
+        return math.floor(float(lo) + float(hi - lo) * min(units, MAX_LENGTH) / MAX_LENGTH + 0.5)
 
     def _final(self, hp: Mapping[str, Any]) -> float:
         return float(self.bench.query({n: hp[n] for n in self.names}, at=self.bench.end).error)
@@ -124,7 +124,7 @@ class OptunaDriver:
             )
         sampler = optuna.samplers.RandomSampler(seed=seed)
         self.study = optuna.create_study(direction="minimize", sampler=sampler, pruner=pruner)
-        self.dists = {
+        self.dists: dict[str, optuna.distributions.BaseDistribution] = {
             name: optuna.distributions.FloatDistribution(p["minval"], p["maxval"])
             for name, p in space.items()
         }
@@ -261,7 +261,7 @@ def report(results: list[Result]) -> str:
     groups: dict[tuple[str, int], dict[str, list[Result]]] = {}
     for r in results:
         groups.setdefault((repr(r.job.problem), r.job.workers), {}).setdefault(r.job.method, []).append(r)
-    for (problem_key, workers), by_method in groups.items():
+    for (_problem_key, workers), by_method in groups.items():
         randoms = by_method["random"]
         target = statistics.median(regret_at(r.trace, r.budget_s) for r in randoms)
         t_random = statistics.median(time_to(r.trace, target) for r in randoms)
