@@ -170,28 +170,37 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """(model class or None, whether the next path element is a mapping key) for a field annotation."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    origin = getattr(annotation, "__origin__", None)
+    args: tuple[Any, ...] = tuple(getattr(annotation, "__args__", ()))
+    if origin is dict and len(args) == 2:
+        inner, _ = _unwrap(args[-1])
+        return inner, True
+    for arg in args:  # Optional[Model] / unions
+        inner, keyed = _unwrap(arg)
+        if inner is not None:
+            return inner, keyed
+    return None, False
+
+
 def _model_at(path: tuple[Any, ...]) -> type[BaseModel] | None:
     """The model class that owns the last key of `path` (to suggest spellings for unknown keys)."""
-    model: Any = MasterConfig
+    model: type[BaseModel] | None = MasterConfig
+    skip_key = False
     for part in path[:-1]:
-        if isinstance(model, type) and issubclass(model, BaseModel):
-            field = model.model_fields.get(str(part))
-            if field is None:
-                return None
-            annotation = field.annotation
-            args = getattr(annotation, "__args__", ())
-            if annotation is not None and isinstance(annotation, type) and issubclass(annotation, BaseModel):
-                model = annotation
-            elif args:
-                inner = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
-                model = inner[0] if inner else dict
-            else:
-                return None
-        elif model is dict:
-            model = ResourcePoolConfig  # the only dict-of-models we have
-        else:
+        if skip_key:
+            skip_key = False
+            continue
+        if model is None:
             return None
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        model, skip_key = _unwrap(field.annotation)
+    return None if skip_key else model
 
 
 def validation_error_to_config_error(err: ValidationError, *, prefix: str = "") -> ConfigError:

@@ -23,8 +23,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", type=Path, help="master.yaml (default: built-in defaults)")
     parser.add_argument("--host", help="listen address (overrides listen.host)")
     parser.add_argument("--port", type=int, help="listen port (overrides listen.port)")
-    parser.add_argument("--daemon", action="store_true", help="run in the background (pid/log in the state dir)")
-    parser.add_argument("--stop", action="store_true", help="stop the background master started with --daemon")
+    parser.add_argument(
+        "--daemon", action="store_true", help="run in the background (pid/log in the state dir)"
+    )
+    parser.add_argument(
+        "--stop", action="store_true", help="stop the background master started with --daemon"
+    )
     parser.add_argument("--log-level", default="info")
     return parser.parse_args(argv)
 
@@ -122,7 +126,9 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if args.stop:
         return stop_daemon()
     try:

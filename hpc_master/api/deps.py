@@ -12,6 +12,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from hpc_master.auth import hash_token
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import ExperimentModel, TrialModel
 from hpc_master.errors import PermissionDeniedError, UnauthenticatedError
@@ -56,7 +57,7 @@ def bearer_token(request: Request) -> str:
 async def get_principal(request: Request) -> Principal:
     state = get_state(request)
     token = bearer_token(request)
-    cached = state.tokens.get(users.auth.hash_token(token))
+    cached = state.tokens.get(hash_token(token))
     if cached is not None:
         return cached
 

@@ -25,7 +25,7 @@ class MetricReport:
 
 def _insert_ignore(session: Session) -> Any:
     dialect = session.get_bind().dialect.name
-    table = MetricModel.__table__
+    table: Any = MetricModel.__table__
     if dialect == "postgresql":
         return pg_insert(table).on_conflict_do_nothing(constraint="uq_metrics_report")
     if dialect == "sqlite":

@@ -42,7 +42,13 @@ def _isolated_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DET_MASTER_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("DET_CHECKPOINT_ROOT", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("DET_JOB_STORAGE_ROOT", str(tmp_path / "jobs"))
-    for var in ("DET_DB_URL", "DET_LISTEN_HOST", "DET_LISTEN_PORT", "DET_ADMIN_PASSWORD", "DET_REQUIRE_PASSWORDS"):
+    for var in (
+        "DET_DB_URL",
+        "DET_LISTEN_HOST",
+        "DET_LISTEN_PORT",
+        "DET_ADMIN_PASSWORD",
+        "DET_REQUIRE_PASSWORDS",
+    ):
         monkeypatch.delenv(var, raising=False)
 
 

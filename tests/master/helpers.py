@@ -32,8 +32,12 @@ def login(client: TestClient, username: str = "admin", password: str = "") -> di
     return {"Authorization": f"Bearer {r.json()['token']}"}
 
 
-def make_user(client: TestClient, admin_headers: dict[str, str], username: str, password: str = "pw") -> dict[str, str]:
-    r = client.post("/api/v1/users", headers=admin_headers, json={"user": {"username": username}, "password": password})
+def make_user(
+    client: TestClient, admin_headers: dict[str, str], username: str, password: str = "pw"
+) -> dict[str, str]:
+    r = client.post(
+        "/api/v1/users", headers=admin_headers, json={"user": {"username": username}, "password": password}
+    )
     assert r.status_code == 200, r.text
     return login(client, username, password)
 

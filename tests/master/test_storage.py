@@ -44,7 +44,16 @@ def new_trial(sessions: sessionmaker[Session], exp_id: int, request_id: str = "r
 def test_migrations_are_idempotent(engine: Engine) -> None:
     upgrade_to_head(engine)
     names = set(inspect(engine).get_table_names())
-    assert {"users", "sessions", "experiments", "trials", "trial_runs", "metrics", "checkpoints", "events"} <= names
+    assert {
+        "users",
+        "sessions",
+        "experiments",
+        "trials",
+        "trial_runs",
+        "metrics",
+        "checkpoints",
+        "events",
+    } <= names
 
 
 def test_create_trial_is_idempotent_on_request_id(sessions: sessionmaker[Session], owner: Principal) -> None:
@@ -143,11 +152,13 @@ def test_version_guards_stale_writers(sessions: sessionmaker[Session], owner: Pr
 def test_metrics_ingest_is_idempotent(sessions: sessionmaker[Session], owner: Principal) -> None:
     exp_id = new_experiment(sessions, owner)
     trial_id = new_trial(sessions, exp_id)
-    batch = [MetricReport(1, steps, "training", {"avgMetrics": {"loss": 1.0 / (steps + 1)}}) for steps in range(50)]
+    batch = [
+        MetricReport(1, steps, "training", {"avgMetrics": {"loss": 1.0 / (steps + 1)}}) for steps in range(50)
+    ]
     with transaction(sessions) as s:
         assert ingest_metrics(s, trial_id, batch) == (50, 0)
     with transaction(sessions) as s:
-        assert ingest_metrics(s, trial_id, batch[:10] + [MetricReport(2, 0, "training", {})]) == (1, 10)
+        assert ingest_metrics(s, trial_id, [*batch[:10], MetricReport(2, 0, "training", {})]) == (1, 10)
     assert count(sessions, MetricModel) == 51
     with transaction(sessions) as s:
         trial = s.get(TrialModel, trial_id)
@@ -189,7 +200,9 @@ def test_kill_lists_runs_to_scancel(sessions: sessionmaker[Session], owner: Prin
         assert s.get(ExperimentModel, exp_id).state == ExperimentState.CANCELED  # type: ignore[union-attr]
 
 
-def test_activate_keeps_searcher_paused_trials_paused(sessions: sessionmaker[Session], owner: Principal) -> None:
+def test_activate_keeps_searcher_paused_trials_paused(
+    sessions: sessionmaker[Session], owner: Principal
+) -> None:
     exp_id = new_experiment(sessions, owner)
     by_searcher = new_trial(sessions, exp_id, "a")
     by_user = new_trial(sessions, exp_id, "b")

@@ -1,0 +1,76 @@
+"""Master config: strict keys with did-you-mean, YAML paths in errors, env overrides, security rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from hpc_master import paths
+from hpc_master.api.app import create_app
+from hpc_master.errors import ConfigError
+from hpc_master.masterconf import load_master_config, parse_master_config
+
+from .helpers import login
+
+
+def test_defaults_use_user_directories(tmp_path: Path) -> None:
+    config = parse_master_config({}, env={})
+    assert config.db_url() == f"sqlite:///{tmp_path / 'data' / 'master.db'}"
+    assert (config.listen.host, config.listen.port) == ("127.0.0.1", 8080)
+    assert config.checkpoint_dir() == paths.get_checkpoint_root()
+    assert not config.passwords_required()
+
+
+def test_unknown_key_names_the_path_and_suggests(tmp_path: Path) -> None:
+    path = tmp_path / "master.yaml"
+    path.write_text("resource_pools:\n  gpu:\n    partiton: a100\n")
+    with pytest.raises(ConfigError) as info:
+        load_master_config(path, env={})
+    assert info.value.field == "resource_pools.gpu.partiton"
+    assert "did you mean 'partition'" in info.value.message
+    with pytest.raises(ConfigError) as info:
+        parse_master_config({"listen": {"prot": 1}}, env={})
+    assert info.value.field == "listen.prot" and "'port'" in info.value.message
+    with pytest.raises(ConfigError) as info:
+        parse_master_config({"resource_pools": {"gpu": {"gpu_request_style": "magic"}}}, env={})
+    assert info.value.field == "resource_pools.gpu.gpu_request_style"
+
+
+def test_invalid_yaml_and_signal(tmp_path: Path) -> None:
+    path = tmp_path / "master.yaml"
+    path.write_text("db: [\n")
+    with pytest.raises(ConfigError):
+        load_master_config(path, env={})
+    assert parse_master_config({"preemption": {"signal": "usr2"}}, env={}).preemption.signal == "SIGUSR2"
+    with pytest.raises(ConfigError) as info:
+        parse_master_config({"preemption": {"signal": "SIGNOPE"}}, env={})
+    assert info.value.field == "preemption.signal"
+
+
+def test_env_overrides_file() -> None:
+    env = {"DET_DB_URL": "sqlite:////tmp/x.db", "DET_LISTEN_PORT": "9000", "DET_LISTEN_HOST": "0.0.0.0"}
+    config = parse_master_config({"listen": {"port": 1234}}, env=env)
+    assert config.db_url() == "sqlite:////tmp/x.db" and config.listen.port == 9000
+    assert config.passwords_required()  # beyond loopback
+
+
+def test_required_passwords_refuse_blank_admin(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    config = parse_master_config({"db": {"url": url}, "security": {"require_passwords": True}}, env={})
+    with pytest.raises(ConfigError) as info:
+        create_app(config)
+    assert info.value.field == "security.admin_password"
+    config = parse_master_config(
+        {"db": {"url": url}, "security": {"require_passwords": True}}, env={"DET_ADMIN_PASSWORD": "s3cret"}
+    )
+    with TestClient(create_app(config)) as client:
+        assert (
+            client.post("/api/v1/auth/login", json={"username": "admin", "password": ""}).status_code == 401
+        )
+        assert (
+            client.post("/api/v1/auth/login", json={"username": "determined", "password": ""}).status_code
+            == 401
+        )
+        login(client, "admin", "s3cret")
