@@ -1,0 +1,1 @@
+"""Executables run inside jobs (``python -m harness.exec.run_trial``)."""
