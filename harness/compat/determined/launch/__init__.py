@@ -1,0 +1,1 @@
+"""``determined.launch.*`` → ``launchers.*``."""
