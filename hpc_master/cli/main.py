@@ -1,0 +1,63 @@
+"""`det`: the researcher's command line. Each command group lives in its own module and registers itself."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+
+from hpc_master.cli import deploy
+from hpc_master.errors import ClientError, ConfigError, DetError
+
+# Modules that add sub-commands: each has `register(subparsers)`.
+COMMAND_MODULES: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ignore[type-arg]
+    deploy.register,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="det", description="Slurm-native training platform (Determined-style)."
+    )
+    parser.add_argument(
+        "-m", "--master", default=os.environ.get("DET_MASTER", "localhost:8080"),
+        help="master address (default: $DET_MASTER or localhost:8080)",
+    )  # fmt: skip
+    parser.add_argument("-u", "--user", default=os.environ.get("DET_USER"), help="user to act as")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for register in COMMAND_MODULES:
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.DEBUG if os.environ.get("DET_DEBUG") else logging.INFO, format="%(message)s"
+    )
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `det ... | head`: the reader went away; that is not an error
+        sys.stderr.close()
+        return 0
+    except (DetError, deploy.LocalClusterError) as e:
+        if os.environ.get("DET_DEBUG"):
+            traceback.print_exc()
+        print(f"Error: {e}", file=sys.stderr)
+        if isinstance(e, ConfigError):
+            return 2
+        return 1 if isinstance(e, ClientError) or not isinstance(e, DetError) else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Install everything the project needs on a fresh Debian 12 machine (idempotent; fast when already done):
+# Debian packages, then a virtual environment at .venv built from Debian's /usr/bin/python3 so that
+# non-root researcher accounts can run its interpreter inside Slurm jobs.
+# Usage: sudo scripts/bootstrap.sh [VENV_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${1:-.venv}
+
+APT_PACKAGES=(
+  slurm-wlm munge libpmix2 openmpi-bin libopenmpi-dev iproute2 util-linux passwd
+  python3 python3-venv python3-dev build-essential
+  postgresql
+)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "bootstrap: installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian's postinst may start services in some environments; the project starts its own.
+service postgresql stop >/dev/null 2>&1 || true
+
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys; sys.exit(sys.base_prefix != "/usr")' 2>/dev/null; then
+  rm -rf "$VENV"
+  /usr/bin/python3 -m venv "$VENV"
+fi
+PIP=("$VENV/bin/pip" --disable-pip-version-check -q)
+stamp="$VENV/.hpc-det-deps"
+want="$(sha256sum pyproject.toml | cut -c1-16)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "bootstrap: installing Python packages into $VENV"
+  "${PIP[@]}" install --upgrade pip
+  # The CPU build of torch lies on this machine's disk; ask for it by exact version first so that the
+  # `torch>=` range of the extra is already satisfied and no CUDA build is downloaded.
+  "${PIP[@]}" install torch==2.13.0
+  "${PIP[@]}" install -e '.[dev,bench,mpi,torch]'
+  echo "$want" > "$stamp"
+fi
+echo "bootstrap: ready ($("$VENV/bin/python" --version), $VENV)"

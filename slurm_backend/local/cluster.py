@@ -1,0 +1,321 @@
+"""`det deploy local up|down|status`: a throwaway multi-node Slurm cluster on this machine.
+
+Each node is its own host: a network namespace on a bridge, its own hostname (UTS namespace), its own IP and an
+/etc/hosts entry, with one slurmd. Fake GPU character devices make Slurm hand out GPUs exactly as on a GPU node.
+Everything `up` changes is recorded in the state file so that `down` undoes exactly that.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pwd
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slurm_backend.local import hosts, render, system
+from slurm_backend.local.spec import LocalClusterSpec, get_state_dir
+
+log = logging.getLogger(__name__)
+
+SITE_SLURM_DIR = Path("/etc/slurm")
+CONF_FILES = ("slurm.conf", "gres.conf", "mpi.conf")
+HOSTS_FILE = Path("/etc/hosts")
+MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
+
+
+class LocalClusterError(RuntimeError):
+    """A clear, user-facing failure of `det deploy local`."""
+
+
+@dataclass
+class Record:
+    """What `up` did, so that `down` can undo exactly that."""
+
+    spec: dict[str, object]
+    started_munge: bool = False
+    linked_confs: list[str] = field(default_factory=list)
+    backed_up_confs: list[str] = field(default_factory=list)
+    created_users: list[str] = field(default_factory=list)
+    created_dirs: list[str] = field(default_factory=list)
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.__dict__, indent=2))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> Record:
+        return cls(**json.loads(path.read_text()))
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise LocalClusterError(
+            "det deploy local must run as root: it installs packages, creates network namespaces and starts "
+            "Slurm daemons. Try: sudo det deploy local up"
+        )
+
+
+def is_up(state_dir: Path | None = None) -> bool:
+    return ((state_dir or get_state_dir()) / "state.json").exists()
+
+
+# ---- up ---------------------------------------------------------------------------------------------
+def up(
+    spec: LocalClusterSpec,
+    *,
+    install: bool = True,
+    force: bool = False,
+    users: tuple[str, ...] = (),
+    wait_s: float = 90,
+) -> None:
+    require_root()
+    if spec.state_file.exists():
+        raise LocalClusterError(
+            f"the local cluster is already up (state in {spec.root}); `det deploy local status` shows it, "
+            "`det deploy local down` removes it"
+        )
+    missing = system.missing_packages()
+    if missing and not install:
+        raise LocalClusterError(
+            f"missing Debian packages: {' '.join(missing)} (drop --no-install to install them)"
+        )
+    _check_site_config(force)
+    if system.link_exists(spec.bridge):
+        raise LocalClusterError(
+            f"network interface {spec.bridge} already exists; is another cluster running?"
+        )
+    system.install_packages(missing)
+
+    record = Record(spec=spec.to_json(), created_dirs=[str(_topmost_missing(spec.root))])
+    spec.root.mkdir(parents=True, exist_ok=True)
+    record.save(spec.state_file)  # from here on, `down` can clean up whatever follows
+    try:
+        _write_files(spec)
+        _link_site_config(spec, record, force)
+        record.save(spec.state_file)
+        _update_hosts(spec)
+        record.started_munge = _ensure_munge()
+        record.save(spec.state_file)
+        _create_network(spec)
+        _start_slurmctld(spec)
+        for i, node in enumerate(spec.node_names):
+            _start_slurmd(spec, node, i)
+        for user in users:
+            if _ensure_user(user):
+                record.created_users.append(user)
+        record.save(spec.state_file)
+        _wait_nodes_idle(spec, wait_s)
+    except BaseException:
+        log.error("bringing the cluster up failed; cleaning up")
+        down(quiet=True)
+        raise
+
+
+def _topmost_missing(path: Path) -> Path:
+    """The highest ancestor of `path` (or `path` itself) that does not exist yet: what `down` removes."""
+    top = path
+    while not top.parent.exists():
+        top = top.parent
+    return top
+
+
+def _check_site_config(force: bool) -> None:
+    for name in CONF_FILES:
+        site = SITE_SLURM_DIR / name
+        if (site.exists() or site.is_symlink()) and not force:
+            raise LocalClusterError(
+                f"{site} already exists (a site Slurm configuration?); refusing to replace it. "
+                "Pass --force to move it aside for as long as the local cluster is up."
+            )
+
+
+def _write_files(spec: LocalClusterSpec) -> None:
+    for d in (spec.etc_dir, spec.dev_dir, spec.log_dir, spec.root / "ctld", spec.root / "run"):
+        d.mkdir(parents=True, exist_ok=True)
+    for node in spec.node_names:
+        (spec.node_dir(node) / "spool").mkdir(parents=True, exist_ok=True)
+        (spec.node_dir(node) / "pmix").mkdir(parents=True, exist_ok=True)
+    files = {
+        "slurm.conf": render.render_slurm_conf(spec),
+        "gres.conf": render.render_gres_conf(spec),
+        "mpi.conf": render.render_mpi_conf(spec),
+    }
+    for name, text in files.items():
+        (spec.etc_dir / name).write_text(text)
+    for i in range(spec.gpus_per_node):
+        dev = spec.gpu_device(i)
+        if not dev.exists():
+            os.mknod(dev, 0o666 | 0o020000, os.makedev(render.GPU_DEVICE_MAJOR, i))
+
+
+def _link_site_config(spec: LocalClusterSpec, record: Record, force: bool) -> None:
+    SITE_SLURM_DIR.mkdir(parents=True, exist_ok=True)
+    for name in CONF_FILES:
+        site = SITE_SLURM_DIR / name
+        if site.exists() or site.is_symlink():
+            if not force:  # checked before; the site may have changed since
+                raise LocalClusterError(f"{site} appeared while bringing the cluster up")
+            backup = site.with_name(name + ".hpc-det-backup")
+            os.replace(site, backup)
+            record.backed_up_confs.append(str(site))
+        site.symlink_to(spec.etc_dir / name)
+        record.linked_confs.append(str(site))
+
+
+def _update_hosts(spec: LocalClusterSpec) -> None:
+    text = HOSTS_FILE.read_text()
+    HOSTS_FILE.write_text(hosts.add_block(text, render.render_hosts_block(spec)))
+
+
+def _ensure_munge() -> bool:
+    """Start munged unless it already runs; returns whether we started it."""
+    if MUNGE_SOCKET.exists() and system.pids_named("munged"):
+        return False
+    key = Path("/etc/munge/munge.key")
+    if not key.exists():
+        system.run(["mungekey", "--create", "--force"])
+        system.run(["chown", "munge:munge", str(key)])
+    Path("/run/munge").mkdir(parents=True, exist_ok=True)
+    system.run(["chown", "munge:munge", "/run/munge"])
+    system.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"])
+    _wait(lambda: MUNGE_SOCKET.exists(), 10, "munged did not create its socket")
+    return True
+
+
+def _create_network(spec: LocalClusterSpec) -> None:
+    system.create_bridge(spec.bridge, spec.controller_ip, spec.prefixlen)
+    for i, node in enumerate(spec.node_names):
+        system.create_node_netns(node, spec.bridge, spec.node_ip(i), spec.prefixlen, spec.controller_ip, i)
+
+
+def _daemon_env(spec: LocalClusterSpec) -> dict[str, str]:
+    return dict(os.environ, SLURM_CONF=str(spec.slurm_conf))
+
+
+def _start_slurmctld(spec: LocalClusterSpec) -> None:
+    subprocess.run(["slurmctld"], check=True, env=_daemon_env(spec), timeout=60)
+    _wait(
+        lambda: system.run(["scontrol", "ping"], check=False).stdout.count("UP") > 0,
+        30,
+        f"slurmctld did not answer; see {spec.log_dir / 'slurmctld.log'}",
+    )
+
+
+def _start_slurmd(spec: LocalClusterSpec, node: str, index: int) -> None:
+    """Start slurmd in the node's own network, UTS and mount namespaces."""
+    q = shlex.quote
+    pmix_dir = spec.node_dir(node) / "pmix"
+    script = (
+        f"hostname {q(node)} && mkdir -p /var/tmp/pmix && mount --bind {q(str(pmix_dir))} /var/tmp/pmix "
+        f"&& exec slurmd -N {q(node)}"
+    )
+    cmd = [
+        "nsenter", f"--net=/run/netns/{node}",
+        "unshare", "--uts", "--mount", "--propagation", "private",
+        "sh", "-c", script,
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, env=_daemon_env(spec), timeout=60)
+
+
+def _ensure_user(user: str) -> bool:
+    """Create a plain (non-root) account for researchers; returns whether it was created."""
+    try:
+        pwd.getpwnam(user)
+        return False
+    except KeyError:
+        system.run(["useradd", "--create-home", "--shell", "/bin/bash", user])
+        return True
+
+
+def _wait_nodes_idle(spec: LocalClusterSpec, timeout_s: float) -> None:
+    def all_idle() -> bool:
+        out = system.run(["sinfo", "-N", "-h", "-o", "%N %t"], check=False).stdout
+        states = {}
+        for line in out.splitlines():
+            name, state = line.split()
+            states[name] = state
+        return all(states.get(n, "").startswith("idle") for n in spec.node_names)
+
+    _wait(all_idle, timeout_s, f"nodes did not become idle; see {spec.log_dir}/slurmd-*.log and `sinfo -R`")
+
+
+def _wait(predicate: object, timeout_s: float, message: str) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.25)
+    raise LocalClusterError(message)
+
+
+# ---- down -------------------------------------------------------------------------------------------
+def down(*, quiet: bool = False) -> bool:
+    """Undo what `up` did. Returns False when there was nothing to take down."""
+    require_root()
+    state_file = get_state_dir() / "state.json"
+    if not state_file.exists():
+        if not quiet:
+            log.info("the local cluster is not up")
+        return False
+    record = Record.load(state_file)
+    spec = LocalClusterSpec.from_json(record.spec)
+    if system.pids_named("slurmctld"):
+        system.run(["scancel", "--full", "--quiet", "--state=PENDING,RUNNING,SUSPENDED"], check=False)
+    # Daemons first (slurmd, then the step daemons and whatever jobs still run in the nodes), then slurmctld.
+    system.terminate(system.pids_named("slurmd"))
+    leftovers = system.pids_named("slurmstepd")
+    for node in spec.node_names:
+        leftovers += system.pids_in_netns(node)
+    system.terminate(sorted(set(leftovers)))
+    system.terminate(system.pids_named("slurmctld"))
+    if record.started_munge:
+        system.terminate(system.pids_named("munged"))
+    for i, node in enumerate(spec.node_names):
+        system.delete_node_netns(node, i)
+    system.delete_bridge(spec.bridge)
+    if HOSTS_FILE.exists() and hosts.has_block(HOSTS_FILE.read_text()):
+        HOSTS_FILE.write_text(hosts.remove_block(HOSTS_FILE.read_text()))
+    for link in record.linked_confs:
+        p = Path(link)
+        if p.is_symlink():
+            p.unlink()
+    for site in record.backed_up_confs:
+        backup = Path(site).with_name(Path(site).name + ".hpc-det-backup")
+        if backup.exists():
+            os.replace(backup, site)
+    for user in record.created_users:
+        system.run(["userdel", "--remove", user], check=False)
+    shutil.rmtree(spec.root, ignore_errors=True)
+    for d in record.created_dirs:
+        shutil.rmtree(d, ignore_errors=True)
+    return True
+
+
+# ---- status -----------------------------------------------------------------------------------------
+def status() -> dict[str, object]:
+    state_file = get_state_dir() / "state.json"
+    if not state_file.exists():
+        return {"up": False}
+    record = Record.load(state_file)
+    spec = LocalClusterSpec.from_json(record.spec)
+    sinfo = system.run(["sinfo", "-N", "-h", "-o", "%N %P %t %G %c"], check=False)
+    return {
+        "up": True,
+        "state_dir": str(spec.root),
+        "controller": f"{socket.gethostname()} ({spec.controller_ip})",
+        "nodes": {name: spec.node_ip(i) for i, name in enumerate(spec.node_names)},
+        "gpus_per_node": spec.gpus_per_node,
+        "slurmctld_running": bool(system.pids_named("slurmctld")),
+        "slurmd_running": len(system.pids_named("slurmd")),
+        "sinfo": sinfo.stdout.strip() or sinfo.stderr.strip(),
+        "users": record.created_users,
+    }

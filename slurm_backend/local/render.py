@@ -1,0 +1,92 @@
+"""Pure renderers of the local cluster's Slurm configuration files (golden-tested)."""
+
+from __future__ import annotations
+
+from slurm_backend.local.spec import (
+    PARTITION_DEFAULT,
+    PARTITION_SHORT,
+    PARTITION_URGENT,
+    LocalClusterSpec,
+)
+
+# Fake GPUs are character devices with distinct device numbers: Slurm only stat()s them, and refuses
+# regular files ("not a valid character or block device"). 195 is the NVIDIA driver's real major.
+GPU_DEVICE_MAJOR = 195
+HEADER = "# Written by `det deploy local up`; removed by `det deploy local down`. Do not edit.\n"
+
+
+def render_slurm_conf(spec: LocalClusterSpec) -> str:
+    root = spec.root
+    lines = [
+        f"ClusterName={spec.cluster_name}",
+        f"SlurmctldHost={spec.controller_host}({spec.controller_ip})",
+        "SlurmUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        # Requeued jobs wait for credential expiry before they may start again (default 120 s).
+        "AuthInfo=cred_expire=30",
+        "MpiDefault=none",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "GresTypes=gpu",
+        "ReturnToService=2",
+        # The declared CPUs/memory are what Slurm schedules, not what this machine has.
+        "SlurmdParameters=config_overrides",
+        f"StateSaveLocation={root}/ctld",
+        f"SlurmdSpoolDir={root}/nodes/%n/spool",
+        f"SlurmctldPidFile={root}/run/slurmctld.pid",
+        f"SlurmdPidFile={root}/nodes/%n/slurmd.pid",
+        f"SlurmctldLogFile={root}/log/slurmctld.log",
+        f"SlurmdLogFile={root}/log/slurmd-%n.log",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        "AccountingStorageType=accounting_storage/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "JobCompType=jobcomp/filetxt",
+        f"JobCompLoc={root}/log/jobcomp.log",
+        # Short timers so tests of failures and preemption do not wait minutes.
+        "SlurmdTimeout=30",
+        "KillWait=5",
+        "MinJobAge=300",
+        "InactiveLimit=0",
+        "SchedulerType=sched/backfill",
+        "SchedulerParameters=bf_interval=5,sched_interval=5",
+        "PreemptType=preempt/partition_prio",
+        "PreemptMode=REQUEUE",
+        "JobRequeue=1",
+    ]
+    gres = f" Gres=gpu:{spec.gpu_type}:{spec.gpus_per_node}" if spec.gpus_per_node else ""
+    for i, name in enumerate(spec.node_names):
+        lines.append(
+            f"NodeName={name} NodeAddr={spec.node_ip(i)} CPUs={spec.cpus_per_node} "
+            f"RealMemory={spec.mem_per_node_mb}{gres} State=UNKNOWN"
+        )
+    grace = f"GraceTime={spec.grace_time_s}"
+    lines += [
+        f"PartitionName={PARTITION_DEFAULT} Nodes=ALL Default=YES MaxTime=INFINITE State=UP "
+        f"PriorityTier=1 PreemptMode=REQUEUE {grace}",
+        f"PartitionName={PARTITION_SHORT} Nodes=ALL MaxTime={spec.short_max_time_min} State=UP "
+        f"PriorityTier=1 PreemptMode=REQUEUE {grace}",
+        f"PartitionName={PARTITION_URGENT} Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10",
+    ]
+    return HEADER + "\n".join(lines) + "\n"
+
+
+def render_gres_conf(spec: LocalClusterSpec) -> str:
+    if not spec.gpus_per_node:
+        return HEADER
+    last = spec.gpus_per_node - 1
+    files = f"{spec.dev_dir}/nvidia0" if last == 0 else f"{spec.dev_dir}/nvidia[0-{last}]"
+    return HEADER + f"NodeName={spec.node_list} Name=gpu Type={spec.gpu_type} File={files}\n"
+
+
+def render_mpi_conf(spec: LocalClusterSpec) -> str:
+    # All nodes share /tmp, so PMIx client directories would collide; each node's mount namespace
+    # bind-mounts its own directory onto this path (Slurm does not expand %n here).
+    return HEADER + "PMIxCliTmpDirBase=/var/tmp/pmix\n"
+
+
+def render_hosts_block(spec: LocalClusterSpec) -> list[str]:
+    return [f"{spec.node_ip(i)} {name}" for i, name in enumerate(spec.node_names)]
