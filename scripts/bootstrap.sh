@@ -33,12 +33,14 @@ PIP=("$VENV/bin/pip" --disable-pip-version-check -q)
 stamp="$VENV/.hpc-det-deps"
 want="$(sha256sum pyproject.toml | cut -c1-16)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "bootstrap: installing Python packages into $VENV"
-  "${PIP[@]}" install --upgrade pip
-  # The CPU build of torch lies on this machine's disk; ask for it by exact version first so that the
-  # `torch>=` range of the extra is already satisfied and no CUDA build is downloaded.
-  "${PIP[@]}" install torch==2.13.0
-  "${PIP[@]}" install -e '.[dev,bench,mpi,torch]'
+  echo "bootstrap: installing Python packages into $VENV (log: $VENV/bootstrap.log)"
+  {
+    "${PIP[@]}" install --upgrade pip &&
+    # The CPU build of torch lies on this machine's disk; ask for it by exact version first so that the
+    # `torch>=` range of the extra is already satisfied and no CUDA build is downloaded.
+    "${PIP[@]}" install torch==2.13.0 &&
+    "${PIP[@]}" install -e '.[dev,bench,mpi,torch]'
+  } >"$VENV/bootstrap.log" 2>&1 || { tail -40 "$VENV/bootstrap.log"; echo "bootstrap: pip failed" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi
 echo "bootstrap: ready ($("$VENV/bin/python" --version), $VENV)"
