@@ -38,9 +38,14 @@ class AppState:
             yield session
 
 
-def get_state(request: Request) -> AppState:
+def app_state(request: Request) -> AppState:
     state: AppState = request.app.state.det
     return state
+
+
+async def get_state(request: Request) -> AppState:
+    """Async on purpose: a sync dependency costs a thread-pool hop on every request."""
+    return app_state(request)
 
 
 State = Annotated[AppState, Depends(get_state)]
@@ -55,7 +60,7 @@ def bearer_token(request: Request) -> str:
 
 
 async def get_principal(request: Request) -> Principal:
-    state = get_state(request)
+    state = app_state(request)
     token = bearer_token(request)
     cached = state.tokens.get(hash_token(token))
     if cached is not None:

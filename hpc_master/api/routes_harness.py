@@ -51,14 +51,22 @@ def _reports(items: list[MetricItem], group: str | None = None) -> list[MetricRe
 
 
 @router.post("/trials/{trial_id}/metrics/batch")
-def report_metrics_batch(
+async def report_metrics_batch(
     trial_id: int, body: MetricsBatchRequest, principal: AnyPrincipal, state: State
 ) -> dict[str, Any]:
-    """Idempotent on (trial, trialRunId, group, stepsCompleted): a retried batch adds nothing."""
-    with state.tx() as session:
-        if principal.trial_id != trial_id:
-            check_trial_access(session, principal, trial_id, write=True)
-        accepted, duplicates = ingest_metrics(session, trial_id, _reports(body.metrics))
+    """Idempotent on (trial, trialRunId, group, stepsCompleted): a retried batch adds nothing.
+
+    The hot path: async, so the only thread-pool hop is the one short transaction.
+    """
+    reports = _reports(body.metrics)
+
+    def ingest() -> tuple[int, int]:
+        with state.tx() as session:
+            if principal.trial_id != trial_id:
+                check_trial_access(session, principal, trial_id, write=True)
+            return ingest_metrics(session, trial_id, reports)
+
+    accepted, duplicates = await run_in_threadpool(ingest)
     return {"accepted": accepted, "duplicates": duplicates}
 
 

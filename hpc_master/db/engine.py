@@ -37,6 +37,11 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         db_path = url.split("///", 1)[1] if "///" in url else ""
         if db_path and db_path != ":memory:":
             Path(db_path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        # One connection: SQLite has one writer at a time anyway, and waiting in the pool (a condition
+        # variable) is far cheaper than SQLite's busy handler, which sleeps in 1-100 ms steps under contention.
+        kwargs.setdefault("pool_size", 1)
+        kwargs.setdefault("max_overflow", 0)
+        kwargs.setdefault("pool_timeout", 60)
         engine = create_engine(url, connect_args={"check_same_thread": False}, **kwargs)
         event.listen(engine, "connect", _sqlite_on_connect)
         event.listen(engine, "begin", _sqlite_on_begin)

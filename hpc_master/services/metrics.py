@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,10 @@ def ingest_metrics(session: Session, trial_id: int, reports: list[MetricReport])
     """
     if not reports:
         return 0, 0
+    if session.get_bind().dialect.name == "sqlite":
+        accepted = _sqlite_insert_ignore(session, trial_id, reports)
+        _bump_steps(session, trial_id, reports)
+        return accepted, len(reports) - accepted
     now = utcnow()
     rows = [
         {
@@ -56,6 +61,43 @@ def ingest_metrics(session: Session, trial_id: int, reports: list[MetricReport])
     # alike; SQLAlchemy batches the rows into multi-row INSERTs ("insertmanyvalues").
     stmt = _insert_ignore(session).returning(MetricModel.__table__.c.id)
     accepted = len(session.connection().execute(stmt, rows).all())
+    _bump_steps(session, trial_id, reports)
+    return accepted, len(rows) - accepted
+
+
+_SQLITE_INSERT = (
+    'INSERT INTO metrics (trial_id, trial_run_id, "group", steps_completed, metrics, report_time) '
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+_SQLITE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"  # how SQLAlchemy's DateTime stores values in SQLite
+
+
+def _sqlite_time(value: dt.datetime) -> str:
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.UTC).replace(tzinfo=None)
+    return value.strftime(_SQLITE_TIME_FORMAT)
+
+
+def _sqlite_insert_ignore(session: Session, trial_id: int, reports: list[MetricReport]) -> int:
+    """The hot path on SQLite: one DBAPI ``executemany`` (sqlite3 sums rowcount over the inserted rows only)."""
+    now = _sqlite_time(utcnow())
+    dumps = json.dumps
+    params = [
+        (
+            trial_id,
+            r.trial_run_id,
+            r.group,
+            r.steps_completed,
+            dumps(r.metrics),
+            _sqlite_time(r.report_time) if r.report_time else now,
+        )
+        for r in reports
+    ]
+    result: Any = session.connection().exec_driver_sql(_SQLITE_INSERT, params)
+    return int(result.rowcount)
+
+
+def _bump_steps(session: Session, trial_id: int, reports: list[MetricReport]) -> None:
     max_steps = max(r.steps_completed for r in reports)
     session.execute(
         update(TrialModel)
@@ -63,7 +105,6 @@ def ingest_metrics(session: Session, trial_id: int, reports: list[MetricReport])
         .values(steps_completed=max_steps)
         .execution_options(synchronize_session=False)
     )
-    return accepted, len(rows) - accepted
 
 
 def query_metrics(
