@@ -13,7 +13,14 @@ import time
 import types
 from collections.abc import Callable, Iterator
 
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
+FORWARDED_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGCONT,
+)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_DIR_ENV = "DET_RANK_EXIT_DIR"
 _BATCH_STEP_IDS = {"", "batch", "extern", "4294967294", "4294967295"}
@@ -29,7 +36,9 @@ def forward_signals(
     handler_for: Callable[[int], None], signals: tuple[signal.Signals, ...] = FORWARDED_SIGNALS
 ) -> Iterator[None]:
     """Install ``handler_for(signum)`` for ``signals`` (main thread only) and restore the old handlers after."""
-    old: dict[signal.Signals, signal.Handlers | int | Callable[[int, types.FrameType | None], object] | None] = {}
+    old: dict[
+        signal.Signals, signal.Handlers | int | Callable[[int, types.FrameType | None], object] | None
+    ] = {}
 
     def handle(signum: int, _frame: types.FrameType | None) -> None:
         handler_for(signum)
@@ -97,7 +106,9 @@ def record_exit(rank: int, exit_code: int, signalled: bool) -> None:
     try:
         path = pathlib.Path(raw) / f"rank-{rank}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"rank": rank, "exit_code": exit_code, "signalled": signalled, "time": time.time()}))
+        tmp.write_text(
+            json.dumps({"rank": rank, "exit_code": exit_code, "signalled": signalled, "time": time.time()})
+        )
         os.replace(tmp, path)
     except OSError:
         pass
@@ -111,12 +122,19 @@ def first_failure(exit_dir: pathlib.Path) -> dict[str, object] | None:
             records.append(json.loads(p.read_text()))
         except (OSError, ValueError):
             continue
-    failed = sorted((r for r in records if r.get("exit_code")), key=lambda r: (bool(r.get("signalled")), r["time"]))
+    failed = sorted(
+        (r for r in records if r.get("exit_code")), key=lambda r: (bool(r.get("signalled")), r["time"])
+    )
     return failed[0] if failed else None
 
 
-def run_and_report(cmd: list[str], exit_dir: pathlib.Path, *, on_signal: Callable[[subprocess.Popen[bytes], int], None] | None = None,
-                   preexec_fn: Callable[[], None] | None = None) -> int:
+def run_and_report(
+    cmd: list[str],
+    exit_dir: pathlib.Path,
+    *,
+    on_signal: Callable[[subprocess.Popen[bytes], int], None] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+) -> int:
     """Run ``cmd`` forwarding signals; exit with the first failed rank's exit code when a rank failed."""
     proc = subprocess.Popen(cmd, preexec_fn=preexec_fn)
 
@@ -132,7 +150,10 @@ def run_and_report(cmd: list[str], exit_dir: pathlib.Path, *, on_signal: Callabl
     if rc != 0:
         failure = first_failure(exit_dir)
         if failure is not None:
-            print(f"[launcher] rank {failure['rank']} failed first with exit code {failure['exit_code']}", flush=True)
+            print(
+                f"[launcher] rank {failure['rank']} failed first with exit code {failure['exit_code']}",
+                flush=True,
+            )
             code = failure["exit_code"]
             return int(code) if isinstance(code, int) else rc
     return rc

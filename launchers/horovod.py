@@ -1,6 +1,6 @@
 """Horovod jobs launch exactly like MPI jobs on Slurm: ``srun --mpi=pmix``, one rank per slot.
 
-    python3 -m launchers.horovod [SRUN_OVERRIDES... --] (--trial MODULE:CLASS | SCRIPT...)
+python3 -m launchers.horovod [SRUN_OVERRIDES... --] (--trial MODULE:CLASS | SCRIPT...)
 """
 
 from __future__ import annotations

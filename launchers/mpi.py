@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         cmd = build_local_cmd(script=script, python=sys.executable, rank=rank)
     else:
         overrides = [*shlex.split(os.environ.get("DET_SRUN_ARGS", "")), *overrides]
-        cmd = build_srun_cmd(slots_per_node=slots_per_node(), script=script, override_args=overrides, python=sys.executable)
+        cmd = build_srun_cmd(
+            slots_per_node=slots_per_node(), script=script, override_args=overrides, python=sys.executable
+        )
     return run_and_report(cmd, ensure_exit_dir())
 
 

@@ -73,7 +73,12 @@ def build_torchrun_cmd(
 
 
 def build_srun_cmd(
-    *, nnodes: int, override_args: list[str], script: list[str], python: str = "python3", extra_srun_args: list[str] | None = None
+    *,
+    nnodes: int,
+    override_args: list[str],
+    script: list[str],
+    python: str = "python3",
+    extra_srun_args: list[str] | None = None,
 ) -> list[str]:
     node_cmd = [python, "-m", "launchers.torch_distributed", "--node"]
     if override_args:
@@ -105,7 +110,9 @@ def parse_args(args: list[str]) -> tuple[bool, list[str], list[str]]:
             raise SystemExit("error: --trial takes exactly one MODULE:CLASS and no script")
         args = [sys.executable, "-m", "harness.exec.run_trial", args[1]]
     if not args:
-        raise SystemExit("usage: python3 -m launchers.torch_distributed [OVERRIDES... --] (--trial T | SCRIPT...)")
+        raise SystemExit(
+            "usage: python3 -m launchers.torch_distributed [OVERRIDES... --] (--trial T | SCRIPT...)"
+        )
     return node, overrides, args
 
 

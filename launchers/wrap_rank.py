@@ -11,6 +11,7 @@ recorded in ``DET_RANK_EXIT_DIR`` when set, so a launcher can report the rank th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -94,14 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     def forward(signum: int) -> None:
         nonlocal stopped
         stopped = stopped or signum in STOP_SIGNALS
-        try:
+        with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
-        except ProcessLookupError:
-            pass
 
     threads = [
-        threading.Thread(target=prefix_lines, args=(proc.stdout.fileno(), sys.stdout.fileno(), prefix), daemon=True),
-        threading.Thread(target=prefix_lines, args=(proc.stderr.fileno(), sys.stderr.fileno(), prefix), daemon=True),
+        threading.Thread(
+            target=prefix_lines, args=(proc.stdout.fileno(), sys.stdout.fileno(), prefix), daemon=True
+        ),
+        threading.Thread(
+            target=prefix_lines, args=(proc.stderr.fileno(), sys.stderr.fileno(), prefix), daemon=True
+        ),
     ]
     with forward_signals(forward):
         for t in threads:

@@ -162,7 +162,9 @@ class CheckpointContext:
             for r, (_, fs, _) in enumerate(views):
                 for f in fs:
                     if f in owners or f == METADATA_FILE:
-                        raise RuntimeError(f"sharded checkpoint: ranks {owners.get(f, r)} and {r} both wrote {f}")
+                        raise RuntimeError(
+                            f"sharded checkpoint: ranks {owners.get(f, r)} and {r} both wrote {f}"
+                        )
                     owners[f] = r
             merged_md = self._merge_metadata([md for _, _, md in views])
             merged.mkdir(parents=True, exist_ok=True)
@@ -213,7 +215,7 @@ class CheckpointContext:
                 "uuid": storage_id,
                 "trialId": self._trial_id,
                 "trialRunId": self._run_id,
-                "reportTime": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                "reportTime": datetime.datetime.now(datetime.UTC).isoformat(),
                 "resources": resources,
                 "metadata": metadata,
                 "state": "COMPLETED",

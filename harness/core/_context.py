@@ -89,7 +89,9 @@ class Context:
         self.close(exc_type, exc_val, exc_tb)
 
 
-def _storage_path(checkpoint_storage: str | dict[str, Any] | None, config: dict[str, Any]) -> pathlib.Path | None:
+def _storage_path(
+    checkpoint_storage: str | dict[str, Any] | None, config: dict[str, Any]
+) -> pathlib.Path | None:
     if isinstance(checkpoint_storage, str):
         return pathlib.Path(checkpoint_storage)
     spec = checkpoint_storage if isinstance(checkpoint_storage, dict) else None
@@ -151,7 +153,9 @@ def init(
     """
     info = _info.get_cluster_info()
     if info is None:
-        return _dummy_init(distributed=distributed, checkpoint_storage=checkpoint_storage, preempt_mode=preempt_mode)
+        return _dummy_init(
+            distributed=distributed, checkpoint_storage=checkpoint_storage, preempt_mode=preempt_mode
+        )
     distributed = distributed or _detect_distributed(info)
     session = MasterSession(info.master_url, info.session_token)
     trial = info.trial
@@ -167,7 +171,9 @@ def init(
             session, info.allocation_id or f"{trial.trial_id}.{trial.trial_run_id}", distributed, preempt_mode
         ),
         train=train,
-        searcher=SearcherContext(session, distributed, trial.trial_id, train, parse_searcher_units(trial.config)),
+        searcher=SearcherContext(
+            session, distributed, trial.trial_id, train, parse_searcher_units(trial.config)
+        ),
         info=info,
         _shipper=shipper,
         _session=session,

@@ -110,7 +110,9 @@ class MetricsShipper:
         self._thread.join(timeout=5.0)
         self._spill_pending()
         if not ok:
-            logger.error("could not send all metrics within %.0fs; the rest is kept in %s", timeout_s, self._spill_dir)
+            logger.error(
+                "could not send all metrics within %.0fs; the rest is kept in %s", timeout_s, self._spill_dir
+            )
         return ok
 
     # -- spill ---------------------------------------------------------------------------------------

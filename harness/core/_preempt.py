@@ -37,7 +37,11 @@ def get_preempt_signals() -> list[signal.Signals]:
     out = [signal.SIGTERM]
     raw = os.environ.get("DET_PREEMPT_SIGNAL", "SIGUSR1").strip()
     if raw and raw.lower() != "none":
-        sig = signal.Signals(int(raw)) if raw.isdigit() else signal.Signals[("" if raw.startswith("SIG") else "SIG") + raw]
+        sig = (
+            signal.Signals(int(raw))
+            if raw.isdigit()
+            else signal.Signals[("" if raw.startswith("SIG") else "SIG") + raw]
+        )
         if sig not in out:
             out.append(sig)
     return out
@@ -93,7 +97,9 @@ class _PreemptionWatcher(threading.Thread):
         self._quit = threading.Event()
 
     def _poll(self, timeout_s: int) -> bool:
-        out = self._session.get(self._path, params={"timeoutSeconds": str(timeout_s)}, timeout_s=timeout_s + 10)
+        out = self._session.get(
+            self._path, params={"timeoutSeconds": str(timeout_s)}, timeout_s=timeout_s + 10
+        )
         return out.get("preempt") is True
 
     def run(self) -> None:
@@ -171,7 +177,9 @@ class PreemptContext:
     def should_preempt(self, auto_ack: bool = True) -> bool:
         """True when the task should checkpoint and exit. See the module doc for who must call it when."""
         if not self._started:
-            raise RuntimeError("you cannot call PreemptContext.should_preempt() before PreemptContext.start()")
+            raise RuntimeError(
+                "you cannot call PreemptContext.should_preempt() before PreemptContext.start()"
+            )
         mode = self._preempt_mode
         if mode == PreemptMode.ChiefOnly and self._dist.rank != 0:
             raise RuntimeError(
@@ -181,7 +189,12 @@ class PreemptContext:
         out = self._local_view()
         if mode == PreemptMode.WorkersAskChief:
             out = any(self._dist.allgather(out))
-        if out and auto_ack and not self._ack_sent and (self._dist.rank == 0 or mode == PreemptMode.WorkersAskMaster):
+        if (
+            out
+            and auto_ack
+            and not self._ack_sent
+            and (self._dist.rank == 0 or mode == PreemptMode.WorkersAskMaster)
+        ):
             self.acknowledge_preemption_signal()
         return out
 

@@ -47,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     config = _load_config(args.config)
     hparams = json.loads(args.hparams) if args.hparams else None
     if hparams is None and config is not None:
-        hparams = {k: v if not isinstance(v, dict) else v.get("val", v.get("minval")) for k, v in (config.get("hyperparameters") or {}).items()}
+        hparams = {
+            k: v if not isinstance(v, dict) else v.get("val", v.get("minval"))
+            for k, v in (config.get("hyperparameters") or {}).items()
+        }
     return run(
         args.entrypoint,
         hparams=hparams,

@@ -161,7 +161,7 @@ class PyTorchTrialContext:
     ) -> None:
         if self._scaler is not None:
             loss = self._scaler.scale(loss)
-        loss.backward(gradient=gradient, retain_graph=retain_graph, create_graph=create_graph)
+        loss.backward(gradient=gradient, retain_graph=retain_graph, create_graph=create_graph)  # type: ignore[no-untyped-call]
 
     def step_optimizer(
         self,

@@ -38,7 +38,9 @@ class DataLoader:
         persistent_workers: bool = False,
     ) -> None:
         if batch_sampler is not None and (batch_size != 1 or shuffle or sampler is not None or drop_last):
-            raise ValueError("batch_sampler is mutually exclusive with batch_size, shuffle, sampler and drop_last")
+            raise ValueError(
+                "batch_sampler is mutually exclusive with batch_size, shuffle, sampler and drop_last"
+            )
         self.dataset = dataset
         self.batch_size = batch_size or 1
         self.shuffle = shuffle
@@ -76,7 +78,9 @@ class DataLoader:
 class ShardedBatches(torch.utils.data.Sampler[list[int]]):
     """This rank's batches of indices for one epoch; ``set_epoch`` and ``skip`` position it."""
 
-    def __init__(self, spec: DataLoader, *, rank: int = 0, size: int = 1, seed: int = 0, training: bool = True):
+    def __init__(
+        self, spec: DataLoader, *, rank: int = 0, size: int = 1, seed: int = 0, training: bool = True
+    ):
         self._spec = spec
         self._rank, self._size, self._seed, self._training = rank, size, seed, training
         self.epoch = 0

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from harness import core
-from harness.core._searcher import DummySearcherContext, SearcherOperation
+from harness.core._searcher import DummySearcherContext
 from harness.trial._context import LRScheduler, PyTorchTrialContext
 from harness.trial._data import DataLoader, ShardedBatches
 from harness.trial._trial import PyTorchTrial
@@ -140,7 +140,11 @@ class Trainer:
         rngs = self.dist.allgather(pickle.dumps(_rng_state()))
         sid: str | None = None
         if self.dist.rank == 0:
-            md = {"steps_completed": self.batches_trained, "framework": f"torch-{torch.__version__}", "format": "pickle"}
+            md = {
+                "steps_completed": self.batches_trained,
+                "framework": f"torch-{torch.__version__}",
+                "format": "pickle",
+            }
             with self.core.checkpoint.store_path(md) as (path, sid):
                 state = self._state()
                 state["rng_states"] = rngs
@@ -170,15 +174,22 @@ class Trainer:
         rngs = state.get("rng_states") or []
         if self.dist.rank < len(rngs):
             _set_rng_state(pickle.loads(rngs[self.dist.rank]))
-        logger.info("resumed from %s at batch %d (epoch %d)", storage_id, self.batches_trained, self.epoch_idx)
+        logger.info(
+            "resumed from %s at batch %d (epoch %d)", storage_id, self.batches_trained, self.epoch_idx
+        )
 
     # -- loaders -------------------------------------------------------------------------------------
     def _loader(self, spec: Any, training: bool) -> tuple[Any, ShardedBatches | None]:
         if isinstance(spec, DataLoader):
             return spec.get_data_loader(
-                rank=self.dist.rank, size=self.dist.size, seed=self.context.get_trial_seed(), training=training
+                rank=self.dist.rank,
+                size=self.dist.size,
+                seed=self.context.get_trial_seed(),
+                training=training,
             )
-        logger.warning("a plain torch DataLoader cannot be sharded or resumed cheaply; use det.pytorch.DataLoader")
+        logger.warning(
+            "a plain torch DataLoader cannot be sharded or resumed cheaply; use det.pytorch.DataLoader"
+        )
         return spec, None
 
     def _train_batches(self, loader: Any, batches: ShardedBatches | None) -> Iterator[Any]:
@@ -217,12 +228,12 @@ class Trainer:
                 mean.add(metrics)
                 parts = [mean]
             else:
-                takes_idx = len(inspect.signature(self.trial.evaluate_batch).parameters) >= 2
+                evaluate: Any = self.trial.evaluate_batch  # user code may omit batch_idx, as in Determined
+                takes_idx = len(inspect.signature(evaluate).parameters) >= 2
                 mean = _Mean()
                 for i, batch in enumerate(loader):
                     batch = c.to_device(batch)
-                    out = self.trial.evaluate_batch(batch, i) if takes_idx else self.trial.evaluate_batch(batch)  # type: ignore[call-arg]
-                    mean.add(out)
+                    mean.add(evaluate(batch, i) if takes_idx else evaluate(batch))
                 parts = self.dist.allgather(mean)
         for m in c.models:
             m.train()
@@ -268,17 +279,21 @@ class Trainer:
         report_every = self._period("scheduling_unit", epoch_len, reporting_period) or 100
         searcher = self.core.searcher
         if max_length is not None or self.core.info is None:
-            length = max_length if max_length is not None else (self.config.get("searcher") or {}).get("max_length")
+            length = (
+                max_length
+                if max_length is not None
+                else (self.config.get("searcher") or {}).get("max_length")
+            )
             if length is None:
                 raise ValueError("no training length: set searcher.max_length or pass max_length")
             searcher = DummySearcherContext(self.dist, length_to_batches(length, gbs, epoch_len))
-            to_batches = int
+            unit = "batches"
         else:
             units = searcher.get_configured_units()
             unit = units.value.lower() if units is not None else "batches"
 
-            def to_batches(n: int) -> int:
-                return length_to_batches({unit: n}, gbs, epoch_len)
+        def to_batches(n: int) -> int:
+            return length_to_batches({unit: n}, gbs, epoch_len)
 
         data = self._train_batches(loader, batches)
         mean, batch_metrics = _Mean(), []
@@ -295,7 +310,9 @@ class Trainer:
                         s.step()
                 out = {"loss": out} if isinstance(out, torch.Tensor) else dict(out)
                 mean.add(out)
-                batch_metrics.append({k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in out.items()})
+                batch_metrics.append(
+                    {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
+                )
                 if self.batches_trained % report_every == 0 or self.batches_trained == target:
                     self._report_training(mean, batch_metrics)
                     mean, batch_metrics = _Mean(), []
@@ -327,23 +344,39 @@ class Trainer:
         return self._last_val_metrics or self.validate()
 
     def _stop_requested(self) -> bool:
-        return any(self.dist.allgather(self.context.get_stop_requested())) if self.dist.size > 1 else self.context.get_stop_requested()
+        return (
+            any(self.dist.allgather(self.context.get_stop_requested()))
+            if self.dist.size > 1
+            else self.context.get_stop_requested()
+        )
 
     def _report_training(self, mean: _Mean, batch_metrics: list[dict[str, Any]]) -> None:
         parts = self.dist.allgather(mean) if self.dist.size > 1 else [mean]
         if self.dist.rank == 0:
-            self.core.train.report_training_metrics(self.batches_trained, _reduce(parts), batch_metrics=batch_metrics)
+            self.core.train.report_training_metrics(
+                self.batches_trained, _reduce(parts), batch_metrics=batch_metrics
+            )
 
 
 def build_trial(
-    trial_cls: type[PyTorchTrial], core_context: core.Context, *, hparams: dict[str, Any], config: dict[str, Any],
-    trial_seed: int = 0, trial_id: int = 0, experiment_id: int = 0,
+    trial_cls: type[PyTorchTrial],
+    core_context: core.Context,
+    *,
+    hparams: dict[str, Any],
+    config: dict[str, Any],
+    trial_seed: int = 0,
+    trial_id: int = 0,
+    experiment_id: int = 0,
 ) -> tuple[PyTorchTrial, PyTorchTrialContext]:
     random.seed(trial_seed)
     torch.manual_seed(trial_seed)
     ctx_cls = getattr(trial_cls, "trial_context_class", PyTorchTrialContext)
     context = ctx_cls(
-        core_context, hparams=hparams, config=config, trial_seed=trial_seed, trial_id=trial_id,
+        core_context,
+        hparams=hparams,
+        config=config,
+        trial_seed=trial_seed,
+        trial_id=trial_id,
         experiment_id=experiment_id,
     )
     return trial_cls(context), context

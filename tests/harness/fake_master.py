@@ -140,8 +140,15 @@ class FakeMaster:
         return 404, {"code": "not_found", "message": path, "field": ""}
 
 
-def cluster_info(master: FakeMaster, *, trial_id: int = 7, run_id: int = 1, config: Any = None,
-                 hparams: Any = None, latest_checkpoint: str | None = None) -> dict[str, Any]:
+def cluster_info(
+    master: FakeMaster,
+    *,
+    trial_id: int = 7,
+    run_id: int = 1,
+    config: Any = None,
+    hparams: Any = None,
+    latest_checkpoint: str | None = None,
+) -> dict[str, Any]:
     return {
         "master_url": master.url,
         "cluster_id": "c",
@@ -159,7 +166,8 @@ def cluster_info(master: FakeMaster, *, trial_id: int = 7, run_id: int = 1, conf
             "experiment_id": 3,
             "trial_seed": 42,
             "hparams": hparams or {"lr": 0.1, "global_batch_size": 4},
-            "config": config or {"searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 8}}},
+            "config": config
+            or {"searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 8}}},
             "steps_completed": 0,
             "trial_run_id": run_id,
             "user_data": {"owner": "x"},

@@ -18,7 +18,11 @@ def free_port() -> int:
 
 
 def run_ranks(
-    size: int, fn: Callable[[DistributedContext], Any], *, local_size: int | None = None, timeout_s: float = 30
+    size: int,
+    fn: Callable[[DistributedContext], Any],
+    *,
+    local_size: int | None = None,
+    timeout_s: float = 30,
 ) -> list[Any]:
     """Call ``fn(dist)`` on ``size`` thread-ranks (``local_size`` per fake node) and return results by rank."""
     local_size = local_size or size

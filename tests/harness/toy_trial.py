@@ -15,10 +15,15 @@ class ToyTrial(PyTorchTrial):
     def __init__(self, context: PyTorchTrialContext) -> None:
         self.context = context
         torch.manual_seed(0)
-        self.model = context.wrap_model(torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1)))
-        self.opt = context.wrap_optimizer(torch.optim.SGD(self.model.parameters(), lr=context.get_hparam("lr")))
+        self.model = context.wrap_model(
+            torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
+        )
+        self.opt = context.wrap_optimizer(
+            torch.optim.SGD(self.model.parameters(), lr=context.get_hparam("lr"))
+        )
         self.sched = context.wrap_lr_scheduler(
-            torch.optim.lr_scheduler.StepLR(self.opt, step_size=7, gamma=0.9), LRScheduler.StepMode.STEP_EVERY_BATCH
+            torch.optim.lr_scheduler.StepLR(self.opt, step_size=7, gamma=0.9),
+            LRScheduler.StepMode.STEP_EVERY_BATCH,
         )
         g = torch.Generator().manual_seed(1)
         self.x = torch.randn(40, 3, generator=g)

@@ -8,11 +8,16 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
-from fake_master import FakeMaster  # noqa: E402
-from parallel import run_ranks  # noqa: E402
+from fake_master import FakeMaster
+from parallel import run_ranks
 
-from harness._http import MasterSession  # noqa: E402
-from harness.core import CheckpointContext, DistributedContext, DummyCheckpointContext, DummyDistributedContext  # noqa: E402
+from harness._http import MasterSession
+from harness.core import (
+    CheckpointContext,
+    DistributedContext,
+    DummyCheckpointContext,
+    DummyDistributedContext,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,7 +28,9 @@ def visible(root: Path) -> list[str]:
 
 def test_store_restore_roundtrip_and_registration(tmp_path: Path) -> None:
     master = FakeMaster()
-    ctx = CheckpointContext(DummyDistributedContext(), tmp_path, MasterSession(master.url, master.token), 7, 1)
+    ctx = CheckpointContext(
+        DummyDistributedContext(), tmp_path, MasterSession(master.url, master.token), 7, 1
+    )
     with ctx.store_path({"steps_completed": 5, "note": "x"}) as (path, sid):
         (path / "sub").mkdir()
         (path / "sub" / "w.bin").write_bytes(b"abc")
@@ -49,7 +56,9 @@ def test_store_restore_roundtrip_and_registration(tmp_path: Path) -> None:
 
 def test_steps_completed_required_on_cluster(tmp_path: Path) -> None:
     master = FakeMaster()
-    ctx = CheckpointContext(DummyDistributedContext(), tmp_path, MasterSession(master.url, master.token), 7, 1)
+    ctx = CheckpointContext(
+        DummyDistributedContext(), tmp_path, MasterSession(master.url, master.token), 7, 1
+    )
     with pytest.raises(ValueError, match="steps_completed"), ctx.store_path({}):
         pass
     assert visible(tmp_path) == []

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
-from fake_master import FakeMaster, cluster_info  # noqa: E402
+from fake_master import FakeMaster, cluster_info
 
 REPO = Path(__file__).resolve().parents[2]
 

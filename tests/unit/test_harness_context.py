@@ -8,18 +8,20 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
-from fake_master import FakeMaster, cluster_info  # noqa: E402
-from parallel import run_ranks  # noqa: E402
+from fake_master import FakeMaster, cluster_info
+from parallel import run_ranks
 
-from harness import core  # noqa: E402
-from harness.core import DistributedContext  # noqa: E402
-from harness.core._searcher import DummySearcherContext  # noqa: E402
+from harness import core
+from harness.core import DistributedContext
+from harness.core._searcher import DummySearcherContext
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_import_is_light() -> None:
-    code = "import sys, harness, harness.core; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    code = (
+        "import sys, harness, harness.core; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
-from parallel import free_port, run_ranks  # noqa: E402
+from parallel import free_port, run_ranks
 
-from harness.core import DistributedContext, DummyDistributedContext  # noqa: E402
+from harness.core import DistributedContext, DummyDistributedContext
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -129,7 +129,9 @@ def test_dead_worker_raises_instead_of_hanging(tmp_path: Path) -> None:
         "os._exit(3)\n"
     )
     p = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)})
-    d = DistributedContext(rank=0, size=2, local_rank=0, local_size=2, cross_rank=0, cross_size=1, pub_port=port)
+    d = DistributedContext(
+        rank=0, size=2, local_rank=0, local_size=2, cross_rank=0, cross_size=1, pub_port=port
+    )
     with pytest.raises(ConnectionError):
         d.allgather(1)
     d.close()

@@ -5,17 +5,23 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
-from fake_master import FakeMaster  # noqa: E402
+from fake_master import FakeMaster
 
-from harness._http import MasterSession  # noqa: E402
-from harness.core._metrics import MetricsShipper  # noqa: E402
-from harness.core._train import TrainContext  # noqa: E402
+from harness._http import MasterSession
+from harness.core._metrics import MetricsShipper
+from harness.core._train import TrainContext
 
 
 def _train(master: FakeMaster, tmp_path: Path, **kw: float) -> tuple[TrainContext, MetricsShipper]:
     session = MasterSession(master.url, master.token, timeout_s=5)
     shipper = MetricsShipper(
-        session, 7, flush_interval_s=0.02, backoff_base_s=0.02, backoff_cap_s=0.1, spill_dir=tmp_path, **kw  # type: ignore[arg-type]
+        session,
+        7,
+        flush_interval_s=0.02,
+        backoff_base_s=0.02,
+        backoff_cap_s=0.1,
+        spill_dir=tmp_path,
+        **kw,  # type: ignore[arg-type]
     )
     return TrainContext(session, 7, 1, 3, shipper), shipper
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
-from fake_master import FakeMaster  # noqa: E402
-from parallel import free_port, run_ranks  # noqa: E402
+from fake_master import FakeMaster
+from parallel import free_port, run_ranks
 
-from harness._http import MasterSession  # noqa: E402
-from harness.core import DistributedContext, DummyPreemptContext, PreemptContext, PreemptMode  # noqa: E402
-from harness.core._preempt import get_preempt_signals  # noqa: E402
+from harness._http import MasterSession
+from harness.core import DistributedContext, DummyPreemptContext, PreemptContext, PreemptMode
+from harness.core._preempt import get_preempt_signals
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,7 +107,9 @@ def test_sigterm_to_one_process_preempts_all(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = [
-        subprocess.Popen([sys.executable, str(script), str(r), str(port)], stdout=subprocess.PIPE, env=env, text=True)
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), str(port)], stdout=subprocess.PIPE, env=env, text=True
+        )
         for r in range(4)
     ]
     for p in procs:

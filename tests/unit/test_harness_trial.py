@@ -11,11 +11,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
-import toy_trial  # noqa: E402
-from fake_master import FakeMaster, cluster_info  # noqa: E402
+import toy_trial
+from fake_master import FakeMaster, cluster_info
 
-from harness import trial as det_trial  # noqa: E402
-from harness.trial._data import DataLoader  # noqa: E402
+from harness import trial as det_trial
+from harness.trial._data import DataLoader
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG: dict[str, Any] = {
@@ -46,12 +46,16 @@ def test_preempt_then_resume_matches_uninterrupted(tmp_path: Path, monkeypatch: 
     assert len(straight) == 25
 
     toy_trial.SEEN.clear()
-    det_trial.run(toy_trial.ToyTrial, hparams={**hp, "preempt_at": 13}, config=CONFIG, checkpoint_storage=str(b))
+    det_trial.run(
+        toy_trial.ToyTrial, hparams={**hp, "preempt_at": 13}, config=CONFIG, checkpoint_storage=str(b)
+    )
     assert len(toy_trial.SEEN) == 13
     sid = _latest(b)
     assert json.loads((b / sid / "metadata.json").read_text())["steps_completed"] == 13
-    det_trial.run(toy_trial.ToyTrial, hparams=hp, config=CONFIG, checkpoint_storage=str(b), latest_checkpoint=sid)
-    assert toy_trial.SEEN == straight  # same batches, same order, none repeated or lost
+    det_trial.run(
+        toy_trial.ToyTrial, hparams=hp, config=CONFIG, checkpoint_storage=str(b), latest_checkpoint=sid
+    )
+    assert straight == toy_trial.SEEN  # same batches, same order, none repeated or lost
     wa, wb = _weights(a, _latest(a)), _weights(b, _latest(b))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)  # RNG (dropout) and LR schedule restored too
 
@@ -74,10 +78,14 @@ def test_sharded_batches_equal_per_rank_and_resumable() -> None:
     assert {i for v in val for b in v for i in b} == set(ds)
 
 
-def test_on_cluster_trial_uses_searcher_ops_and_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_on_cluster_trial_uses_searcher_ops_and_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     master = FakeMaster()
     master.ops = [6, 12]
-    ci = cluster_info(master, config={**CONFIG, "searcher": {"metric": "val_loss", "max_length": {"batches": 12}}})
+    ci = cluster_info(
+        master, config={**CONFIG, "searcher": {"metric": "val_loss", "max_length": {"batches": 12}}}
+    )
     monkeypatch.setenv("DET_CLUSTER_INFO", json.dumps(ci))
     monkeypatch.setenv("DET_STORAGE_ROOT", str(tmp_path))
     monkeypatch.setenv("DET_JOB_STORAGE", str(tmp_path / "job"))

@@ -61,7 +61,7 @@ def test_parse_args_forms() -> None:
     assert torch_distributed.parse_args(["--node", "--nproc-per-node", "2", "--", "a.py"]) == (
         True, ["--nproc-per-node", "2"], ["a.py"],
     )  # fmt: skip
-    node, ov, script = torch_distributed.parse_args(["--trial", "model_def:MyTrial"])
+    _node, _ov, script = torch_distributed.parse_args(["--trial", "model_def:MyTrial"])
     assert script[1:] == ["-m", "harness.exec.run_trial", "model_def:MyTrial"]
     with pytest.raises(SystemExit):
         torch_distributed.parse_args([])
@@ -139,7 +139,9 @@ def test_wrap_rank_forwards_signals_and_records_exit(tmp_path: Path) -> None:
 
 def test_killed_child_exit_code() -> None:
     code = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
-    p = subprocess.run([sys.executable, "-m", "launchers.wrap_rank", "0", sys.executable, "-c", code], env=ENV, cwd=REPO)
+    p = subprocess.run(
+        [sys.executable, "-m", "launchers.wrap_rank", "0", sys.executable, "-c", code], env=ENV, cwd=REPO
+    )
     assert p.returncode == 128 + 9
 
 
