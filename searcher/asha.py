@@ -59,8 +59,8 @@ def default_max_concurrent(
     return max(1, min(int(divisor ** (num_rungs - 1)), max_trials))
 
 
-def _metrics(entries: list[Entry]) -> list[float]:
-    return [float(e[1]) for e in entries]
+def _metric(entry: Entry) -> float:
+    return float(entry[1])
 
 
 def promote_async(entries: list[Entry], request_id: str, metric: float, divisor: float) -> str | None:
@@ -72,7 +72,7 @@ def promote_async(entries: list[Entry], request_id: str, metric: float, divisor:
     """
     old_num = int(len(entries) / divisor)
     num = int((len(entries) + 1) / divisor)
-    index = bisect.bisect_right(_metrics(entries), metric)
+    index = bisect.bisect_right(entries, metric, key=_metric)
     now = index < num
     entries.insert(index, [request_id, metric, now])
     if now:
@@ -87,7 +87,7 @@ def continue_training(entries: list[Entry], request_id: str, metric: float, divi
     """Insert a result into a rung (in place); whether the trial ranks in the top
     ``max(int(n / divisor), 1)`` so far (stopping-based ASHA; ties rank the newcomer first)."""
     num = max(int((len(entries) + 1) / divisor), 1)
-    index = bisect.bisect_left(_metrics(entries), metric)
+    index = bisect.bisect_left(entries, metric, key=_metric)
     entries.insert(index, [request_id, metric, index < num])
     return index < num
 
@@ -160,7 +160,7 @@ class AsyncHalving(Algorithm):
         ops: list[Op] = []
         started_work = False
         if r == self.num_rungs - 1:
-            bisect.insort(self.rungs[r], [rid, metric, False], key=lambda e: float(e[1]))
+            bisect.insort(self.rungs[r], [rid, metric, False], key=_metric)
             ops += self._stop(rid)
         else:
             promoted = promote_async(self.rungs[r], rid, metric, self.divisor)
@@ -187,7 +187,7 @@ class AsyncHalving(Algorithm):
         self.awaiting.discard(rid)
         ops: list[Op] = []
         if r == self.num_rungs - 1:
-            bisect.insort(self.rungs[r], [rid, metric, False], key=lambda e: float(e[1]))
+            bisect.insort(self.rungs[r], [rid, metric, False], key=_metric)
             ops += self._stop(rid)
         elif continue_training(self.rungs[r], rid, metric, self.divisor) and rid not in self.early_exit:
             self.trial_rung[rid] = r + 1

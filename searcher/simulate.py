@@ -133,6 +133,9 @@ class _Trial:
     invalid: bool = False
 
 
+_ACTIVE = frozenset({"idle", "queued", "running"})
+
+
 class _Sim:
     def __init__(self, method: Driven, workload: Workload, cfg: SimConfig) -> None:
         self.method, self.workload, self.cfg = method, workload, cfg
@@ -148,6 +151,7 @@ class _Sim:
         self.best = math.inf
         self.best_final = math.inf
         self.busy_since: dict[int, float] = {}
+        self.n_active = 0
 
     def sign(self, metric: float) -> float:
         return metric if self.cfg.smaller_is_better else -metric
@@ -156,8 +160,9 @@ class _Sim:
         self.seq += 1
         heapq.heappush(self.events, (at, self.seq, kind, trial.trial_id, trial.epoch))
 
-    def active(self) -> int:
-        return sum(t.state in ("idle", "queued", "running") for t in self.trials.values())
+    def set_state(self, t: _Trial, state: str) -> None:
+        self.n_active += (state in _ACTIVE) - (t.state in _ACTIVE)
+        t.state = state
 
     def release(self, t: _Trial) -> None:
         if t.on_worker:
@@ -179,6 +184,7 @@ class _Sim:
                 elif self.rng.random() < self.cfg.error_rate:
                     t.error_at = self.rng.randint(0, max(1, self.cfg.final_length or 1))
                 self.trials[tid] = t
+                self.n_active += 1
                 self.requests[a.request_id] = tid
                 self.summary.trials_created += 1
                 self.summary.hparams[tid] = t.hparams
@@ -188,23 +194,24 @@ class _Sim:
             elif isinstance(a, Pause):
                 t = self.trials[a.trial_id]
                 self.release(t)
-                t.state, t.resume_pending = "paused", True
+                self.set_state(t, "paused")
+                t.resume_pending = True
                 self.summary.trials_paused += 1
             elif isinstance(a, Resume):
                 t = self.trials[a.trial_id]
                 if t.state != "paused":
                     raise SimulationError(f"Resume of trial {t.trial_id} in state {t.state}")
-                t.state = "idle"
+                self.set_state(t, "idle")
                 self.summary.trials_resumed += 1
             elif isinstance(a, Stop):
                 t = self.trials[a.trial_id]
                 if t.state != "done":
                     self.release(t)
-                    t.state = "done"
+                    self.set_state(t, "done")
                     work.extend(self.close(t))
             elif isinstance(a, Shutdown):
                 self.summary.shutdown = a
-            self.summary.max_active_trials = max(self.summary.max_active_trials, self.active())
+            self.summary.max_active_trials = max(self.summary.max_active_trials, self.n_active)
 
     def close(self, t: _Trial) -> list[Action]:
         self.summary.trials_closed += 1
@@ -218,10 +225,10 @@ class _Sim:
             raise SimulationError(f"ValidateAfter for paused trial {t.trial_id} without Resume")
         t.target = length
         if t.on_worker:
-            t.state = "running"
+            self.set_state(t, "running")
             self.schedule(t, 0.0)
         else:
-            t.state = "queued"
+            self.set_state(t, "queued")
             self.queue.append(t.trial_id)
 
     def schedule(self, t: _Trial, overhead: float) -> None:
@@ -239,7 +246,8 @@ class _Sim:
             if t.state != "queued":
                 continue
             self.free -= 1
-            t.on_worker, t.state = True, "running"
+            t.on_worker = True
+            self.set_state(t, "running")
             self.busy_since[t.trial_id] = self.now
             overhead = self.cfg.resume_overhead_s if t.resume_pending else self.cfg.start_overhead_s
             t.resume_pending = False
@@ -266,7 +274,7 @@ class _Sim:
         else:
             self.summary.trials_invalid += 1
         self.release(t)
-        t.state = "done"
+        self.set_state(t, "done")
         self.apply(self.method.on_trial_exited_early(t.trial_id, reason))
         self.apply(self.close(t))
 
