@@ -371,3 +371,13 @@ def test_plan_describes_brackets_and_simulates() -> None:
     assert plan.simulated is not None and plan.simulated.trials_created == 16
     text = format_plan(plan)
     assert "rung 1: train to 62 batches" in text and "Promotion: pause" in text
+
+
+@FAST
+@given(st.integers(1, 10**6), st.sampled_from([2, 3, 4, 5, 2.5]), st.integers(1, 6))
+def test_rung_lengths_follow_the_formula(max_length: int, divisor: float, num_rungs: int) -> None:
+    if max_length < divisor ** (num_rungs - 1):
+        return
+    lengths = rung_lengths(max_length, divisor, num_rungs)
+    assert lengths == [max(int(max_length / divisor ** (num_rungs - 1 - i)), 1) for i in range(num_rungs)]
+    assert lengths[-1] == max_length
