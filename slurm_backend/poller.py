@@ -1,0 +1,121 @@
+"""One shared status poller for every job the master watches (like submitit's InfoWatcher).
+
+Per poll, at most: ONE `squeue --jobs=<all live ids>`; ONE `sacct --jobs=<ids that just ended or that squeue no
+longer knows>`; and, only on clusters without accounting (sacct unavailable), one `scontrol -o show job` per job
+that has *just* ended, to read its exit code (once per job in its lifetime). Terminal states are cached and never
+asked for again. When a Slurm command fails, the poller keeps its last answers and backs off exponentially.
+
+Thread-safe: one lock guards the watch list and the cache, and polls are serialised (a second caller waits and
+then gets the fresh answer or, within the interval, the cached one).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from hpc_master.errors import SlurmError
+from slurm_backend.cli import SlurmCli
+from slurm_backend.states import JobStatus, Outcome
+
+log = logging.getLogger(__name__)
+
+
+class Poller:
+    def __init__(
+        self,
+        cli: SlurmCli,
+        interval_s: float = 10.0,
+        *,
+        max_backoff_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cli = cli
+        self.interval_s = interval_s
+        self.max_backoff_s = max_backoff_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._watched: set[str] = set()
+        self._latest: dict[str, JobStatus] = {}
+        self._terminal: dict[str, JobStatus] = {}
+        self._next_poll_at = float("-inf")
+        self.consecutive_failures = 0
+        self.last_error: SlurmError | None = None
+
+    def watch(self, job_id: str) -> None:
+        with self._lock:
+            self._watched.add(str(job_id))
+            self._next_poll_at = min(self._next_poll_at, self.clock())  # learn about new jobs promptly
+
+    def watch_all(self, job_ids: Iterable[str]) -> None:
+        for job_id in job_ids:
+            self.watch(job_id)
+
+    def unwatch(self, job_id: str) -> None:
+        with self._lock:
+            self._watched.discard(str(job_id))
+            self._latest.pop(str(job_id), None)
+            self._terminal.pop(str(job_id), None)
+
+    def status(self, job_id: str) -> JobStatus | None:
+        with self._lock:
+            return self._terminal.get(job_id) or self._latest.get(job_id)
+
+    def poll(self, *, force: bool = False) -> dict[str, JobStatus]:
+        """Statuses of all watched jobs Slurm has told us about; asks Slurm at most once per interval."""
+        with self._lock:
+            now = self.clock()
+            if force or now >= self._next_poll_at:
+                try:
+                    self._refresh()
+                except SlurmError as e:
+                    self.consecutive_failures += 1
+                    self.last_error = e
+                    delay = min(self.interval_s * 2**self.consecutive_failures, self.max_backoff_s)
+                    log.warning("polling Slurm failed (%s); next try in %.0f s", e, delay)
+                    self._next_poll_at = now + delay
+                else:
+                    self.consecutive_failures = 0
+                    self.last_error = None
+                    self._next_poll_at = now + self.interval_s
+            return {j: s for j in self._watched if (s := self._terminal.get(j) or self._latest.get(j))}
+
+    def _refresh(self) -> None:
+        live = [j for j in self._watched if j not in self._terminal]
+        if not live:
+            return
+        seen = self.cli.squeue(live)
+        ended = [j for j in live if j not in seen or seen[j].is_terminal]
+        final = self._final_statuses(ended, seen) if ended else {}
+        for job_id in live:
+            status = final.get(job_id) or seen.get(job_id)
+            if status is None:
+                previous = self._latest.get(job_id)
+                status = JobStatus(
+                    job_id=job_id,
+                    outcome=Outcome.UNKNOWN,
+                    slurm_state=previous.slurm_state if previous else "",
+                    reason="Slurm no longer knows this job and keeps no accounting record of it",
+                    node_list=previous.node_list if previous else "",
+                    source="poller",
+                )
+            if status.is_terminal:
+                self._terminal[job_id] = status
+                self._latest.pop(job_id, None)
+            else:
+                self._latest[job_id] = status
+
+    def _final_statuses(self, ended: list[str], seen: dict[str, JobStatus]) -> dict[str, JobStatus]:
+        """Exit codes and authoritative end states: one sacct call; scontrol only without accounting."""
+        accounted = self.cli.sacct(ended)
+        out: dict[str, JobStatus] = {}
+        for job_id in ended:
+            acct = accounted.get(job_id) if accounted is not None else None
+            if acct is not None and (acct.is_terminal or job_id not in seen):
+                out[job_id] = acct
+            elif job_id in seen:
+                # sacct unavailable or not yet updated by slurmdbd: slurmctld still has the job's exit code.
+                out[job_id] = self.cli.show_job(job_id) or seen[job_id]
+        return out

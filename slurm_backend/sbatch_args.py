@@ -1,0 +1,246 @@
+"""Validation of users' `slurm.sbatch_args`: options the master owns are refused, by name.
+
+Tokens follow sbatch's getopt rules: `--opt=value`, `--opt value`, `-Xvalue`, `-X value`, and unambiguous
+abbreviations of long options (`--part=x` is `--partition`), so abbreviations are resolved before checking.
+The result is a tuple of normalised `--opt=value` / `--flag` strings, each rendered on its own `#SBATCH` line
+(never through a shell).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from hpc_master.errors import ClientError
+
+FIELD = "slurm.sbatch_args"
+Arg = Literal["yes", "no", "optional"]
+
+# sbatch 22.05 long options (`sbatch --help`, sbatch(1)) → whether they take an argument.
+LONG_OPTIONS: dict[str, Arg] = {
+    **dict.fromkeys(
+        [
+            "account",
+            "acctg-freq",
+            "array",
+            "batch",
+            "bb",
+            "bbf",
+            "begin",
+            "chdir",
+            "cluster-constraint",
+            "clusters",
+            "comment",
+            "constraint",
+            "core-spec",
+            "cores-per-socket",
+            "cpu-freq",
+            "cpus-per-gpu",
+            "cpus-per-task",
+            "deadline",
+            "delay-boot",
+            "dependency",
+            "distribution",
+            "error",
+            "export-file",
+            "extra-node-info",
+            "gid",
+            "gpu-bind",
+            "gpu-freq",
+            "gpus",
+            "gpus-per-node",
+            "gpus-per-socket",
+            "gpus-per-task",
+            "gres",
+            "gres-flags",
+            "hint",
+            "input",
+            "job-name",
+            "kill-on-invalid-dep",
+            "licenses",
+            "mail-type",
+            "mail-user",
+            "mcs-label",
+            "mem",
+            "mem-bind",
+            "mem-per-cpu",
+            "mem-per-gpu",
+            "mincpus",
+            "network",
+            "nodefile",
+            "nodelist",
+            "nodes",
+            "ntasks",
+            "ntasks-per-core",
+            "ntasks-per-gpu",
+            "ntasks-per-node",
+            "ntasks-per-socket",
+            "open-mode",
+            "output",
+            "partition",
+            "power",
+            "priority",
+            "profile",
+            "qos",
+            "reservation",
+            "signal",
+            "sockets-per-node",
+            "switches",
+            "thread-spec",
+            "threads-per-core",
+            "time",
+            "time-min",
+            "tmp",
+            "tres-per-task",
+            "uid",
+            "wckey",
+            "exclude",
+            "container",
+        ],
+        "yes",
+    ),
+    **dict.fromkeys(
+        [
+            "contiguous",
+            "hold",
+            "ignore-pbs",
+            "no-requeue",
+            "overcommit",
+            "oversubscribe",
+            "parsable",
+            "quiet",
+            "reboot",
+            "requeue",
+            "spread-job",
+            "test-only",
+            "use-min-nodes",
+            "verbose",
+            "wait",
+            "help",
+            "usage",
+            "version",
+        ],
+        "no",
+    ),
+    **dict.fromkeys(
+        ["exclusive", "export", "get-user-env", "nice", "no-kill", "propagate", "wrap"], "optional"
+    ),
+}
+SHORT_OPTIONS: dict[str, str] = {
+    "a": "array", "A": "account", "b": "begin", "B": "extra-node-info", "c": "cpus-per-task", "C": "constraint",
+    "d": "dependency", "D": "chdir", "e": "error", "F": "nodefile", "G": "gpus", "H": "hold", "i": "input",
+    "J": "job-name", "k": "no-kill", "L": "licenses", "m": "distribution", "M": "clusters", "n": "ntasks",
+    "N": "nodes", "o": "output", "O": "overcommit", "p": "partition", "q": "qos", "Q": "quiet",
+    "s": "oversubscribe", "S": "core-spec", "t": "time", "v": "verbose", "V": "version", "w": "nodelist",
+    "W": "wait", "x": "exclude", "h": "help",
+}  # fmt: skip
+
+_DEDICATED = "set by hpc-det"
+# Options the master owns → why (shown to the user).
+REFUSED: dict[str, str] = {
+    **dict.fromkeys(
+        ["requeue", "no-requeue"], f"{_DEDICATED}: jobs never requeue; the master resubmits trials"
+    ),
+    "array": f"{_DEDICATED}: each trial is one job",
+    "wrap": f"{_DEDICATED}: the master writes the job script",
+    "parsable": f"{_DEDICATED}: the master reads sbatch's output",
+    **dict.fromkeys(
+        ["output", "error", "input", "open-mode"], f"{_DEDICATED}: trial logs are collected by the master"
+    ),
+    **dict.fromkeys(["job-name", "comment"], f"{_DEDICATED}: they identify the experiment and trial"),
+    "signal": f"{_DEDICATED}: the preemption signal comes from the master config",
+    **dict.fromkeys(
+        [
+            "nodes",
+            "ntasks",
+            "ntasks-per-node",
+            "gres",
+            "gpus",
+            "gpus-per-node",
+            "gpus-per-task",
+            "gpus-per-socket",
+        ],
+        f"{_DEDICATED} from resources.slots_per_trial and slurm.gpu_type",
+    ),
+    **dict.fromkeys(["uid", "gid"], f"{_DEDICATED}: jobs run as the user's own account"),
+    "chdir": f"{_DEDICATED}: jobs run in the trial's directory",
+    **dict.fromkeys(
+        ["export", "export-file", "get-user-env"], f"{_DEDICATED}: use environment_variables instead"
+    ),
+    "partition": f"{_DEDICATED}: use slurm.partition instead",
+    "account": f"{_DEDICATED}: use slurm.account instead",
+    "qos": f"{_DEDICATED}: use slurm.qos instead",
+    "time": f"{_DEDICATED}: use slurm.time_limit instead",
+    "clusters": f"{_DEDICATED}: the master watches jobs on its own cluster",
+    **dict.fromkeys(["wait", "test-only", "hold"], f"{_DEDICATED}: the master needs a job it can watch"),
+    **dict.fromkeys(["help", "usage", "version"], "not a job option"),
+}
+
+
+def _resolve(name: str, token: str) -> str:
+    """getopt_long's rule: an exact name, else the one long option `name` abbreviates."""
+    if name in LONG_OPTIONS:
+        return name
+    matches = [opt for opt in LONG_OPTIONS if opt.startswith(name)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ClientError(
+            f"{token!r} is ambiguous: it could be {', '.join('--' + m for m in sorted(matches))}", field=FIELD
+        )
+    raise ClientError(f"{token!r} is not an sbatch option", field=FIELD)
+
+
+def _check_value(option: str, value: str) -> None:
+    if any(c in value for c in "\n\r\0"):
+        raise ClientError(f"the value of --{option} may not contain a line break", field=FIELD)
+
+
+def validate_sbatch_args(args: Sequence[str]) -> tuple[str, ...]:
+    """Return `args` normalised to `--opt=value`/`--flag`, or raise ClientError naming the refused option."""
+    if isinstance(args, str):
+        raise ClientError("must be a list of arguments, not one string", field=FIELD)
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if not isinstance(token, str):
+            raise ClientError(f"every argument must be a string, not {token!r}", field=FIELD)
+        i += 1
+        value: str | None
+        if token.startswith("--") and len(token) > 2:
+            name, eq, value = token[2:].partition("=")
+            if not eq:
+                value = None
+            option = _resolve(name, token)
+        elif token.startswith("-") and len(token) >= 2 and token[1] != "-":
+            option = SHORT_OPTIONS.get(token[1], "")
+            if not option:
+                raise ClientError(f"{token!r} is not an sbatch option", field=FIELD)
+            value = token[2:].removeprefix("=") or None
+        else:
+            raise ClientError(
+                f"{token!r} is not an option; sbatch_args may hold only options (the master writes the script)",
+                field=FIELD,
+            )
+        if option in REFUSED:
+            raise ClientError(f"--{option} is {REFUSED[option]}", field=FIELD)
+        kind = LONG_OPTIONS[option]
+        if kind == "no" and value is not None:
+            raise ClientError(f"--{option} takes no value", field=FIELD)
+        if kind == "yes" and value is None:
+            if i >= len(args):
+                raise ClientError(f"--{option} needs a value", field=FIELD)
+            value = args[i]
+            i += 1
+        if value is None:
+            out.append(f"--{option}")
+        else:
+            _check_value(option, value)
+            out.append(f"--{option}={value}")
+    return tuple(out)
+
+
+def option_name(arg: str) -> str:
+    """`--mem=4G` → `mem` (for a normalised argument from `validate_sbatch_args`)."""
+    return arg[2:].partition("=")[0]
