@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
@@ -75,6 +76,14 @@ def install_error_handlers(app: FastAPI) -> None:
             400, "invalid_argument", str(first.get("msg")), _validation_field(tuple(first.get("loc", ())))
         )
 
+    @app.exception_handler(ValidationError)
+    async def body_validation_error(_request: Request, exc: ValidationError) -> JSONResponse:
+        # Bodies a route validates itself (model_validate_json on the hot path).
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        return _error(
+            400, "invalid_argument", str(first.get("msg")), _validation_field(tuple(first.get("loc", ())))
+        )
+
     @app.exception_handler(StaleDataError)
     async def stale(_request: Request, _exc: StaleDataError) -> JSONResponse:
         return _error(409, "stale", "the object changed concurrently; retry")
@@ -117,7 +126,8 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
     )
     app.state.det = build_state(config, engine)
     install_error_handlers(app)
-    for module in (routes_auth, routes_experiments, routes_trials, routes_harness):
+    # The harness routes first: the hot metrics route is matched after fewer patterns.
+    for module in (routes_harness, routes_auth, routes_experiments, routes_trials):
         app.include_router(module.router)
     app.add_middleware(BodyLimit)
     return app

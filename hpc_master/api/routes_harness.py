@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from hpc_master.api import convert
@@ -50,14 +50,27 @@ def _reports(items: list[MetricItem], group: str | None = None) -> list[MetricRe
     ]
 
 
-@router.post("/trials/{trial_id}/metrics/batch")
+_BATCH_SCHEMA = MetricsBatchRequest.model_json_schema(
+    by_alias=True, ref_template="#/components/schemas/{model}"
+)
+_BATCH_SCHEMA.pop("$defs", None)
+
+
+@router.post(
+    "/trials/{trial_id}/metrics/batch",
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _BATCH_SCHEMA}}}
+    },
+)
 async def report_metrics_batch(
-    trial_id: int, body: MetricsBatchRequest, principal: AnyPrincipal, state: State
+    trial_id: int, request: Request, principal: AnyPrincipal, state: State
 ) -> dict[str, Any]:
     """Idempotent on (trial, trialRunId, group, stepsCompleted): a retried batch adds nothing.
 
-    The hot path: async, so the only thread-pool hop is the one short transaction.
+    The hot path: the body is parsed and validated in one step (``model_validate_json``), and the only
+    thread-pool hop is the one short transaction.
     """
+    body = MetricsBatchRequest.model_validate_json(await request.body())
     reports = _reports(body.metrics)
 
     def ingest() -> tuple[int, int]:

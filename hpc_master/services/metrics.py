@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic_core import to_json
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -78,10 +78,14 @@ def _sqlite_time(value: dt.datetime) -> str:
     return value.strftime(_SQLITE_TIME_FORMAT)
 
 
+def _json_text(value: Any) -> str:
+    return to_json(value).decode()
+
+
 def _sqlite_insert_ignore(session: Session, trial_id: int, reports: list[MetricReport]) -> int:
     """The hot path on SQLite: one DBAPI ``executemany`` (sqlite3 sums rowcount over the inserted rows only)."""
     now = _sqlite_time(utcnow())
-    dumps = json.dumps
+    dumps = _json_text
     params = [
         (
             trial_id,
