@@ -32,6 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p_up.add_argument("--gpu-type", default="a100", help="GPU type name in gres (default a100)")
     p_up.add_argument("--no-install", action="store_true", help="do not apt-get install missing packages")
+    p_up.add_argument(
+        "--no-accounting", action="store_true",
+        help="skip slurmdbd and its private MariaDB (then sacct knows no finished jobs)",
+    )  # fmt: skip
     p_up.add_argument("--force", action="store_true", help="move an existing /etc/slurm configuration aside")
     p_up.add_argument(
         "--create-user", action="append", default=[], metavar="NAME",
@@ -53,6 +57,7 @@ def _up(args: argparse.Namespace) -> int:
         cpus_per_node=args.cpus_per_node,
         mem_per_node_mb=args.mem_per_node_mb,
         gpu_type=args.gpu_type,
+        accounting=not args.no_accounting,
         controller_host=socket.gethostname().split(".")[0],
         state_dir=str(get_state_dir()),
     )

@@ -15,12 +15,12 @@ import shlex
 import shutil
 import socket
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_backend.local import hosts, render, system
+from slurm_backend.local import accounting, hosts, render, system
 from slurm_backend.local.spec import LocalClusterSpec, get_state_dir
+from slurm_backend.local.system import LocalClusterError
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +28,6 @@ SITE_SLURM_DIR = Path("/etc/slurm")
 CONF_FILES = ("slurm.conf", "gres.conf", "mpi.conf")
 HOSTS_FILE = Path("/etc/hosts")
 MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
-
-
-class LocalClusterError(RuntimeError):
-    """A clear, user-facing failure of `det deploy local`."""
 
 
 @dataclass
@@ -82,7 +78,7 @@ def up(
             f"the local cluster is already up (state in {spec.root}); `det deploy local status` shows it, "
             "`det deploy local down` removes it"
         )
-    missing = system.missing_packages()
+    missing = system.missing_packages(accounting=spec.accounting)
     if missing and not install:
         raise LocalClusterError(
             f"missing Debian packages: {' '.join(missing)} (drop --no-install to install them)"
@@ -105,6 +101,8 @@ def up(
         record.started_munge = _ensure_munge()
         record.save(spec.state_file)
         _create_network(spec)
+        if spec.accounting:
+            accounting.start(spec, _daemon_env(spec))
         _start_slurmctld(spec)
         for i, node in enumerate(spec.node_names):
             _start_slurmd(spec, node, i)
@@ -186,7 +184,7 @@ def _ensure_munge() -> bool:
     Path("/run/munge").mkdir(parents=True, exist_ok=True)
     system.run(["chown", "munge:munge", "/run/munge"])
     system.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"])
-    _wait(lambda: MUNGE_SOCKET.exists(), 10, "munged did not create its socket")
+    system.wait_until(MUNGE_SOCKET.exists, 10, "munged did not create its socket")
     return True
 
 
@@ -202,7 +200,7 @@ def _daemon_env(spec: LocalClusterSpec) -> dict[str, str]:
 
 def _start_slurmctld(spec: LocalClusterSpec) -> None:
     subprocess.run(["slurmctld"], check=True, env=_daemon_env(spec), timeout=60)
-    _wait(
+    system.wait_until(
         lambda: system.run(["scontrol", "ping"], check=False).stdout.count("UP") > 0,
         30,
         f"slurmctld did not answer; see {spec.log_dir / 'slurmctld.log'}",
@@ -244,17 +242,9 @@ def _wait_nodes_idle(spec: LocalClusterSpec, timeout_s: float) -> None:
             states[name] = state
         return all(states.get(n, "").startswith("idle") for n in spec.node_names)
 
-    _wait(all_idle, timeout_s, f"nodes did not become idle; see {spec.log_dir}/slurmd-*.log and `sinfo -R`")
-
-
-def _wait(predicate: object, timeout_s: float, message: str) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.25)
-    raise LocalClusterError(message)
+    system.wait_until(
+        all_idle, timeout_s, f"nodes did not become idle; see {spec.log_dir}/slurmd-*.log and `sinfo -R`"
+    )
 
 
 # ---- down -------------------------------------------------------------------------------------------
@@ -277,6 +267,8 @@ def down(*, quiet: bool = False) -> bool:
         leftovers += system.pids_in_netns(node)
     system.terminate(sorted(set(leftovers)))
     system.terminate(system.pids_named("slurmctld"))
+    if spec.accounting:
+        accounting.stop(spec)
     if record.started_munge:
         system.terminate(system.pids_named("munged"))
     for i, node in enumerate(spec.node_names):

@@ -29,7 +29,9 @@ def render_slurm_conf(spec: LocalClusterSpec) -> str:
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_Core",
+        # Memory is a tracked resource, as on most real clusters; a job that asks for none gets its CPUs' share.
+        "SelectTypeParameters=CR_Core_Memory",
+        f"DefMemPerCPU={spec.mem_per_node_mb // spec.cpus_per_node}",
         "GresTypes=gpu",
         "ReturnToService=2",
         # The declared CPUs/memory are what Slurm schedules, not what this machine has.
@@ -42,10 +44,7 @@ def render_slurm_conf(spec: LocalClusterSpec) -> str:
         f"SlurmdLogFile={root}/log/slurmd-%n.log",
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
-        "AccountingStorageType=accounting_storage/none",
-        "JobAcctGatherType=jobacct_gather/none",
-        "JobCompType=jobcomp/filetxt",
-        f"JobCompLoc={root}/log/jobcomp.log",
+        *_accounting_lines(spec),
         # Short timers so tests of failures and preemption do not wait minutes.
         "SlurmdTimeout=30",
         "KillWait=5",
@@ -70,6 +69,46 @@ def render_slurm_conf(spec: LocalClusterSpec) -> str:
         f"PartitionName={PARTITION_SHORT} Nodes=ALL MaxTime={spec.short_max_time_min} State=UP "
         f"PriorityTier=1 PreemptMode=REQUEUE {grace}",
         f"PartitionName={PARTITION_URGENT} Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10",
+    ]
+    return HEADER + "\n".join(lines) + "\n"
+
+
+def _accounting_lines(spec: LocalClusterSpec) -> list[str]:
+    if not spec.accounting:
+        return [
+            "AccountingStorageType=accounting_storage/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "JobCompType=jobcomp/filetxt",
+            f"JobCompLoc={spec.root}/log/jobcomp.log",
+        ]
+    return [
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        f"AccountingStorageHost={spec.controller_ip}",
+        "AccountingStorageTRES=gres/gpu",
+        "JobAcctGatherType=jobacct_gather/linux",
+        "JobAcctGatherFrequency=5",
+        # Jobs that use more memory than they asked for are killed and end OUT_OF_MEMORY, as with cgroups.
+        "JobAcctGatherParams=OverMemoryKill",
+    ]
+
+
+def render_slurmdbd_conf(spec: LocalClusterSpec, db_password: str) -> str:
+    """slurmdbd.conf holds the database password: the caller writes it with mode 0600."""
+    root = spec.root
+    lines = [
+        "AuthType=auth/munge",
+        f"DbdHost={spec.controller_host}",
+        f"DbdAddr={spec.controller_ip}",
+        "SlurmUser=root",
+        "StorageType=accounting_storage/mysql",
+        "StorageHost=127.0.0.1",
+        f"StoragePort={spec.accounting_db_port}",
+        "StorageUser=slurm",
+        f"StoragePass={db_password}",
+        "StorageLoc=slurm_acct_db",
+        f"PidFile={root}/run/slurmdbd.pid",
+        f"LogFile={root}/log/slurmdbd.log",
+        "DebugLevel=info",
     ]
     return HEADER + "\n".join(lines) + "\n"
 

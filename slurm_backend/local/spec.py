@@ -34,6 +34,9 @@ class LocalClusterSpec:
     subnet: str = "10.77.0.0/24"
     controller_host: str = "localhost"
     state_dir: str = DEFAULT_STATE_DIR
+    # Accounting (slurmdbd + a private MariaDB on loopback) so that `sacct` knows finished jobs.
+    accounting: bool = True
+    accounting_db_port: int = 53306
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= 64:
@@ -94,6 +97,14 @@ class LocalClusterSpec:
     @property
     def log_dir(self) -> Path:
         return self.root / "log"
+
+    @property
+    def db_dir(self) -> Path:
+        return self.root / "mariadb"
+
+    @property
+    def db_socket(self) -> Path:
+        return self.db_dir / "mariadb.sock"
 
     @property
     def state_file(self) -> Path:

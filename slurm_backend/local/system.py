@@ -13,7 +13,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -28,10 +28,28 @@ PACKAGES: dict[str, str] = {
     "iproute2": "/usr/sbin/ip",
     "util-linux": "/usr/bin/nsenter",
 }
+# Needed only with accounting (slurmdbd + MariaDB), the default.
+ACCOUNTING_PACKAGES: dict[str, str] = {
+    "slurmdbd": "/usr/sbin/slurmdbd",
+    "mariadb-server": "/usr/sbin/mariadbd",
+}
 
 
-class CommandError(RuntimeError):
-    pass
+class LocalClusterError(RuntimeError):
+    """A clear, user-facing failure of `det deploy local`."""
+
+
+class CommandError(LocalClusterError):
+    """A command the local cluster needed failed."""
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float, message: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.25)
+    raise LocalClusterError(message)
 
 
 def run(
@@ -46,8 +64,9 @@ def run(
     return proc
 
 
-def missing_packages() -> list[str]:
-    return [pkg for pkg, probe in PACKAGES.items() if not Path(probe).exists()]
+def missing_packages(*, accounting: bool) -> list[str]:
+    wanted = {**PACKAGES, **(ACCOUNTING_PACKAGES if accounting else {})}
+    return [pkg for pkg, probe in wanted.items() if not Path(probe).exists()]
 
 
 def install_packages(packages: list[str]) -> None:

@@ -146,3 +146,40 @@ srun --mpi=pmix {python_for_jobs()} {prog}
     assert {r[3] for r in results} == {"sum=10"}  # 1 + 2 + 3 + 4
     assert {r[2] for r in results} == {"size=4"}
     assert len({r[4] for r in results}) == 2
+
+
+def test_accounting_knows_finished_jobs_and_memory_limits_are_enforced(
+    researcher: Researcher, shared_dir: Path
+) -> None:
+    """sacct (slurmdbd) reports how jobs ended long after slurmctld forgot them; --mem is a real limit."""
+    import subprocess
+
+    ok = write_script(shared_dir / "ok.sh", "#!/bin/bash\nexit 0\n", researcher)
+    bad = write_script(shared_dir / "bad.sh", "#!/bin/bash\nexit 3\n", researcher)
+    hog = write_script(
+        shared_dir / "hog.sh",
+        f"#!/bin/bash\n{python_for_jobs()} -c 'import time; b = bytearray(400 << 20); "
+        "b[::4096] = bytes(len(b[::4096])); time.sleep(60)'\n",
+        researcher,
+    )
+    ids = {
+        "ok": researcher.sbatch(ok, "--output=/dev/null"),
+        "bad": researcher.sbatch(bad, "--output=/dev/null"),
+        "hog": researcher.sbatch(hog, f"--output={shared_dir}/hog.txt", "--mem=100"),
+    }
+    for job in ids.values():
+        wait_job_done(job, timeout_s=90)
+
+    def sacct_states() -> dict[str, tuple[str, str]] | None:
+        out = subprocess.run(
+            ["sacct", "-X", "-n", "--parsable2", "--format=JobIDRaw,State,ExitCode", "-j", ",".join(ids.values())],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        rows = {line.split("|")[0]: (line.split("|")[1], line.split("|")[2]) for line in out.splitlines()}
+        return rows if len(rows) == 3 else None
+
+    rows = wait_for(sacct_states, 30, "sacct to record the three jobs")
+    assert rows[ids["ok"]] == ("COMPLETED", "0:0")
+    assert rows[ids["bad"]] == ("FAILED", "3:0")
+    assert rows[ids["hog"]][1] == "0:9"  # killed by Slurm, not finished
+    assert "Exceeded job memory limit" in (shared_dir / "hog.txt").read_text()
