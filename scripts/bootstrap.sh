@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 VENV=${1:-.venv}
 
 APT_PACKAGES=(
-  slurm-wlm munge libpmix2 openmpi-bin libopenmpi-dev iproute2 util-linux passwd
+  slurm-wlm slurmdbd mariadb-server munge libpmix2 openmpi-bin libopenmpi-dev iproute2 util-linux passwd
   python3 python3-venv python3-dev build-essential
   postgresql
 )
@@ -21,9 +21,11 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Debian's postinst may start the services it just installed; the project starts private ones of its own.
+  for svc in postgresql mariadb munge; do
+    [[ " ${missing[*]} " == *" ${svc}"* ]] && service "$svc" stop >/dev/null 2>&1 || true
+  done
 fi
-# Debian's postinst may start services in some environments; the project starts its own.
-service postgresql stop >/dev/null 2>&1 || true
 
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys; sys.exit(sys.base_prefix != "/usr")' 2>/dev/null; then
   rm -rf "$VENV"

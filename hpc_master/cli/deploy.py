@@ -7,7 +7,8 @@ import json
 import socket
 import time
 
-from slurm_backend.local.cluster import LocalClusterError, down, status, up
+from slurm_backend.local.cluster import down, status, up
+from slurm_backend.local.system import LocalClusterError
 from slurm_backend.local.spec import LocalClusterSpec, get_state_dir
 
 __all__ = ["LocalClusterError", "register"]
