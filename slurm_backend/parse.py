@@ -57,6 +57,10 @@ def parse_exit_code(value: str) -> tuple[int | None, int | None]:
         return None, None
 
 
+def _ended(outcome: Outcome) -> bool:
+    return outcome.is_terminal and outcome is not Outcome.UNSCHEDULABLE
+
+
 def _reason(value: str) -> str | None:
     value = value.strip()
     return None if value in {"", "None", "(null)"} else value
@@ -118,6 +122,8 @@ def parse_sacct(stdout: str) -> dict[str, JobStatus]:
         derived_code, _ = parse_exit_code(derived)
         if not code and derived_code:
             code = derived_code  # the batch script exited 0 but a step failed
+        if not _ended(outcome):
+            code = sig = None  # sacct prints 0:0 for jobs that have not ended
         out[job_id] = JobStatus(
             job_id=job_id,
             outcome=outcome,
@@ -167,7 +173,7 @@ def parse_scontrol_job(stdout: str) -> JobStatus:
         outcome=outcome,
         slurm_state=base_state(state),
         reason=reason,
-        exit_code=code if outcome.is_terminal else None,
+        exit_code=code if _ended(outcome) else None,
         exit_signal=sig,
         node_list=f.get("NodeList", "").replace("(null)", ""),
         start_time=parse_time(f.get("StartTime", "")),

@@ -16,7 +16,10 @@ from slurm_backend.sbatch_args import validate_sbatch_args
         (["--constraint", "a100&ib", "--exclusive"], ("--constraint=a100&ib", "--exclusive")),
         (["-C", "ib"], ("--constraint=ib",)),
         (["-Cib"], ("--constraint=ib",)),
-        (["--mail-type=END,FAIL", "--mail-user", "me@example.org"], ("--mail-type=END,FAIL", "--mail-user=me@example.org")),
+        (
+            ["--mail-type=END,FAIL", "--mail-user", "me@example.org"],
+            ("--mail-type=END,FAIL", "--mail-user=me@example.org"),
+        ),
         (["--exclusive=user"], ("--exclusive=user",)),
         (["--reserv=maint"], ("--reservation=maint",)),  # getopt abbreviation
         (["-w", "node1"], ("--nodelist=node1",)),
@@ -42,14 +45,23 @@ def test_accepted(args: list[str], normalised: tuple[str, ...]) -> None:
         (["-J", "x"], "--job-name is set by hpc-det: they identify the experiment and trial"),
         (["--job-name", "x"], "--job-name is set by hpc-det: they identify the experiment and trial"),
         (["--comment=x"], "--comment is set by hpc-det: they identify the experiment and trial"),
-        (["--signal=B:USR1@60"], "--signal is set by hpc-det: the preemption signal comes from the master config"),
+        (
+            ["--signal=B:USR1@60"],
+            "--signal is set by hpc-det: the preemption signal comes from the master config",
+        ),
         (["-N", "2"], "--nodes is set by hpc-det from resources.slots_per_trial and slurm.gpu_type"),
         (["-N2"], "--nodes is set by hpc-det from resources.slots_per_trial and slurm.gpu_type"),
         (["--gres=gpu:2"], "--gres is set by hpc-det from resources.slots_per_trial and slurm.gpu_type"),
         (["--gpus=2"], "--gpus is set by hpc-det from resources.slots_per_trial and slurm.gpu_type"),
         (["-G", "2"], "--gpus is set by hpc-det from resources.slots_per_trial and slurm.gpu_type"),
-        (["--gpus-per-node=2"], "--gpus-per-node is set by hpc-det from resources.slots_per_trial and slurm.gpu_type"),
-        (["--gpus-per-task=1"], "--gpus-per-task is set by hpc-det from resources.slots_per_trial and slurm.gpu_type"),
+        (
+            ["--gpus-per-node=2"],
+            "--gpus-per-node is set by hpc-det from resources.slots_per_trial and slurm.gpu_type",
+        ),
+        (
+            ["--gpus-per-task=1"],
+            "--gpus-per-task is set by hpc-det from resources.slots_per_trial and slurm.gpu_type",
+        ),
         (["--uid=0"], "--uid is set by hpc-det: jobs run as the user's own account"),
         (["--gid", "0"], "--gid is set by hpc-det: jobs run as the user's own account"),
         (["-D", "/tmp"], "--chdir is set by hpc-det: jobs run in the trial's directory"),
@@ -80,10 +92,19 @@ def test_refused_with_exact_message(args: list[str], message: str) -> None:
         (["-Z"], "'-Z' is not an sbatch option"),
         (["--mem"], "--mem needs a value"),
         (["--contiguous=yes"], "--contiguous takes no value"),
-        (["train.sh"], "'train.sh' is not an option; sbatch_args may hold only options (the master writes the script)"),
-        (["--mem", "4G", "extra"], "'extra' is not an option; sbatch_args may hold only options (the master writes the script)"),
+        (
+            ["train.sh"],
+            "'train.sh' is not an option; sbatch_args may hold only options (the master writes the script)",
+        ),
+        (
+            ["--mem", "4G", "extra"],
+            "'extra' is not an option; sbatch_args may hold only options (the master writes the script)",
+        ),
         (["--mem=4G\n#SBATCH --uid=0"], "the value of --mem may not contain a line break"),
-        (["--gpu"], "'--gpu' is ambiguous: it could be --gpu-bind, --gpu-freq, --gpus, --gpus-per-node, --gpus-per-socket, --gpus-per-task"),
+        (
+            ["--gpu"],
+            "'--gpu' is ambiguous: it could be --gpu-bind, --gpu-freq, --gpus, --gpus-per-node, --gpus-per-socket, --gpus-per-task",
+        ),
     ],
 )
 def test_malformed(args: list[str], message: str) -> None:
