@@ -77,7 +77,9 @@ async def report_metrics_batch(
         with state.tx() as session:
             if principal.trial_id != trial_id:
                 check_trial_access(session, principal, trial_id, write=True)
-            return ingest_metrics(session, trial_id, reports)
+            result = ingest_metrics(session, trial_id, reports)
+            harness.record_validations_for_searcher(session, trial_id, reports)
+            return result
 
     accepted, duplicates = await run_in_threadpool(ingest)
     return {"accepted": accepted, "duplicates": duplicates}
@@ -89,7 +91,9 @@ def report_metrics(
 ) -> dict[str, Any]:
     with state.tx() as session:
         check_trial_access(session, principal, trial_id, write=True)
-        ingest_metrics(session, trial_id, _reports([body.metrics], body.group))
+        reports = _reports([body.metrics], body.group)
+        ingest_metrics(session, trial_id, reports)
+        harness.record_validations_for_searcher(session, trial_id, reports)
     return {}
 
 

@@ -9,6 +9,8 @@ from hpc_master.db.models import ExperimentModel, SearcherOpCompletionModel, Tri
 from hpc_master.errors import ClientError, NotFoundError
 from hpc_master.services.common import get_or_404
 from hpc_master.services.experiments import searcher_metric
+from hpc_master.services.metrics import MetricReport, metric_value
+from hpc_master.services.searcher_units import searcher_units
 from hpc_master.services.states import EARLY_EXIT_REASONS
 
 
@@ -94,6 +96,28 @@ def complete_searcher_operation(session: Session, trial_id: int, length: int, me
         best = trial.best_validation
         if best is None or (metric < best if smaller else metric > best):
             trial.best_validation = metric
+
+
+def record_validations_for_searcher(session: Session, trial_id: int, reports: list[MetricReport]) -> None:
+    """Validation reports feed the searcher (Determined ≥ 0.38: no searcher operations needed).
+
+    Each validation carrying the searcher metric becomes a completion at the trial's trained length in the
+    searcher's unit; duplicates (retries, or an old script also calling completed_operation) are ignored.
+    """
+    validations = [r for r in reports if r.group == "validation"]
+    if not validations:
+        return
+    trial = get_or_404(session, TrialModel, trial_id, "trial")
+    experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
+    name, _ = searcher_metric(experiment.config)
+    if name is None:
+        return
+    for report in validations:
+        value = metric_value(report.metrics, name)
+        if value is None:
+            continue
+        units = searcher_units(experiment.config, report.steps_completed, report.metrics)
+        complete_searcher_operation(session, trial_id, units, value)
 
 
 def best_searcher_validation(session: Session, experiment_id: int) -> float | None:
