@@ -9,12 +9,17 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
-from hpc_master.cli import deploy, preview
+from hpc_master.cli import checkpoint, deploy, experiment, master, preview, trial, user
 from hpc_master.errors import ClientError, ConfigError, DetError
 
 # Modules that add sub-commands: each has `register(subparsers)`.
 COMMAND_MODULES: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ignore[type-arg]
     deploy.register,
+    experiment.register,
+    trial.register,
+    checkpoint.register,
+    user.register,
+    master.register,
     preview.register,
 ]
 

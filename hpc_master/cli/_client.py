@@ -1,0 +1,275 @@
+"""HTTP to the master (httpx) and the per-(master, user) token cache.
+
+Tokens live in ``$XDG_CONFIG_HOME/hpc-det/auth.json`` (default ``~/.config/hpc-det/auth.json``), created with
+mode 0600 by ``os.open`` and replaced atomically, never chmod'ed after the secret is written. With no cached
+token and no ``DET_USER``, the CLI logs in as ``determined`` with a blank password, as Determined does.
+``DET_USER``/``DET_PASS`` log in non-interactively (for scripts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import secrets
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from hpc_master.errors import ClientError, ConfigError, ServerError, UnauthenticatedError
+
+DEFAULT_USER = "determined"
+CONNECT_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = 60.0
+UPLOAD_CHUNK_BYTES = 1 << 20
+
+
+class MasterUnreachableError(ClientError):
+    default_code = "unreachable"
+
+
+class ApiError(ClientError):
+    """An error the master returned: its ``code``, ``message`` and ``field``, plus the HTTP status."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message, code=code, field=field)
+        self.http_status = status
+
+    def __str__(self) -> str:
+        where = f"{self.field}: " if self.field else ""
+        return f"{where}{self.message} ({self.code}, HTTP {self.http_status})"
+
+
+class ApiConfigError(ApiError, ConfigError):
+    """The master refused the experiment config (exit status 2, like a local config error)."""
+
+
+class ApiServerError(ServerError):
+    pass
+
+
+def normalize_master(address: str) -> str:
+    """``host:port`` or ``http(s)://host:port[/]`` → ``http(s)://host:port``."""
+    address = address.strip().rstrip("/")
+    if not address:
+        raise ClientError("the master address is empty (-m/--master or DET_MASTER)")
+    if "://" not in address:
+        address = "http://" + address
+    return address
+
+
+# ---------------------------------------------------------------- the token cache
+
+
+def get_config_dir() -> Path:
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    base = Path(xdg).expanduser() if xdg else Path(os.environ.get("HOME") or Path.home()) / ".config"
+    return base / "hpc-det"
+
+
+def get_auth_file() -> Path:
+    return get_config_dir() / "auth.json"
+
+
+def _read_auth() -> dict[str, Any]:
+    try:
+        data = json.loads(get_auth_file().read_text())
+    except (OSError, ValueError):
+        return {"version": 1, "masters": {}}
+    if not isinstance(data, dict) or not isinstance(data.get("masters"), dict):
+        return {"version": 1, "masters": {}}
+    return data
+
+
+def _write_auth(data: dict[str, Any]) -> None:
+    path = get_auth_file()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # A fresh file created 0600 (umask can only remove bits), then renamed over the old one.
+    tmp = path.with_name(f".auth-{os.getpid()}-{secrets.token_hex(4)}.json")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def cached_token(master: str, user: str) -> str | None:
+    entry = _read_auth()["masters"].get(master) or {}
+    token = (entry.get("tokens") or {}).get(user)
+    return token if isinstance(token, str) else None
+
+
+def active_user(master: str) -> str | None:
+    user = (_read_auth()["masters"].get(master) or {}).get("active_user")
+    return user if isinstance(user, str) else None
+
+
+def store_token(master: str, user: str, token: str, *, make_active: bool = True) -> None:
+    data = _read_auth()
+    entry = data["masters"].setdefault(master, {})
+    entry.setdefault("tokens", {})[user] = token
+    if make_active:
+        entry["active_user"] = user
+    _write_auth(data)
+
+
+def drop_token(master: str, user: str) -> None:
+    data = _read_auth()
+    entry = data["masters"].get(master)
+    if not entry:
+        return
+    (entry.get("tokens") or {}).pop(user, None)
+    if entry.get("active_user") == user:
+        entry.pop("active_user", None)
+    _write_auth(data)
+
+
+# ---------------------------------------------------------------- HTTP
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.is_success:
+        return
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and "message" in body:
+        code, message, field = str(body.get("code") or ""), str(body["message"]), body.get("field")
+    else:
+        code, message, field = "", (response.text.strip()[:300] or response.reason_phrase), None
+    if response.status_code >= 500:
+        raise ApiServerError(f"the master failed: {message} (HTTP {response.status_code})")
+    cls = ApiConfigError if code == "invalid_config" else ApiError
+    raise cls(response.status_code, code or "error", message, field if isinstance(field, str) else None)
+
+
+class Session:
+    """One master, one user. ``request`` logs in on first need and retries once on an expired token."""
+
+    def __init__(self, master: str, user: str | None = None) -> None:
+        self.master = normalize_master(master)
+        self._explicit_user = user
+        self._user: str | None = None
+        self._token: str | None = None
+        self._http = httpx.Client(
+            base_url=self.master, timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+        )
+
+    # -- who
+
+    @property
+    def username(self) -> str:
+        if self._user is None:
+            self._user = self._explicit_user or active_user(self.master) or DEFAULT_USER
+        return self._user
+
+    def _unreachable(self, err: Exception) -> MasterUnreachableError:
+        return MasterUnreachableError(
+            f"Cannot reach the master at {self.master}. Start one with: det-master --daemon"
+        )
+
+    # -- auth
+
+    def login(self, username: str, password: str) -> str:
+        body = self.call("POST", "/api/v1/auth/login", json={"username": username, "password": password},
+                         auth=False)  # fmt: skip
+        token = str(body["token"])
+        store_token(self.master, username, token)
+        self._user, self._token = username, token
+        return token
+
+    def _auto_login(self) -> str:
+        user = self.username
+        password = os.environ.get("DET_PASS")
+        if password is None:
+            if user == DEFAULT_USER and not self._explicit_user:
+                password = ""
+            elif sys.stdin.isatty():
+                password = getpass.getpass(f"Password for user '{user}': ")
+            else:
+                raise UnauthenticatedError(
+                    f"not logged in as {user!r} on {self.master}: run `det user login {user}` or set DET_PASS"
+                )
+        try:
+            return self.login(user, password)
+        except ApiError as err:
+            if err.http_status == 401 and password == "":
+                raise UnauthenticatedError(
+                    f"could not log in as {user!r} with a blank password ({err.message}); "
+                    "log in with: det user login USERNAME"
+                ) from None
+            raise
+
+    def token(self) -> str:
+        if self._token is None:
+            self._token = cached_token(self.master, self.username) or self._auto_login()
+        return self._token
+
+    # -- requests
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        content: bytes | Callable[[], Iterator[bytes]] | None = None,
+        headers: dict[str, str] | None = None,
+        auth: bool = True,
+    ) -> Any:
+        """One request; the decoded JSON body. Re-logs in once when a cached token was refused.
+
+        `content` may be a function returning a fresh iterator of chunks (a streamed upload that can be retried).
+        """
+        for attempt in range(2):
+            hdrs = dict(headers or {})
+            if auth:
+                hdrs["Authorization"] = f"Bearer {self.token()}"
+            try:
+                body = content() if callable(content) else content
+                response = self._http.request(
+                    method, path, json=json, params=params, content=body, headers=hdrs
+                )
+            except httpx.ConnectError as err:
+                raise self._unreachable(err) from None
+            except httpx.TimeoutException as err:
+                raise MasterUnreachableError(f"the master at {self.master} did not answer in time ({err})") \
+                    from None  # fmt: skip
+            if auth and response.status_code == 401 and attempt == 0:
+                drop_token(self.master, self.username)
+                self._token = None
+                continue
+            _raise_for(response)
+            return response.json() if response.content else {}
+        raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def stream_lines(self, path: str, params: dict[str, Any] | None = None) -> Iterator[Iterator[str]]:
+        """A streamed GET (newline-delimited JSON); no read timeout, so ``follow`` can wait."""
+        headers = {"Authorization": f"Bearer {self.token()}"}
+        timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S)
+        try:
+            with self._http.stream("GET", path, params=params, headers=headers, timeout=timeout) as resp:
+                if not resp.is_success:
+                    resp.read()
+                    _raise_for(resp)
+                yield resp.iter_lines()
+        except httpx.ConnectError as err:
+            raise self._unreachable(err) from None
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def session_from_args(args: Any) -> Session:
+    return Session(args.master, getattr(args, "user", None))
