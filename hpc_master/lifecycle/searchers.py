@@ -1,0 +1,208 @@
+"""Drive each active experiment's search method: events from the DB in, actions applied to the DB.
+
+All of an experiment's searcher work happens in ONE short transaction: the events it consumes (validation
+completions, closed trials), the trials and operations its actions create, and the new searcher snapshot. So
+a master killed at any point either did all of it or none of it, and after a restart the same search goes on
+from the stored snapshot (RNG included). No Slurm call and no HTTP request happens here.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from hpc_master.db.models import ExperimentModel, SearcherOpCompletionModel, TrialModel
+from hpc_master.expconf import parse_experiment_config
+from hpc_master.services import lifecycle as svc
+from hpc_master.services.states import (
+    TERMINAL_TRIAL_STATES,
+    ExperimentState,
+    TerminationReason,
+    TrialState,
+)
+from searcher import (
+    Action,
+    Create,
+    ExitedReason,
+    Pause,
+    Resume,
+    SearchMethod,
+    Shutdown,
+    Stop,
+    ValidateAfter,
+    make_search_method,
+)
+
+log = logging.getLogger(__name__)
+SNAPSHOT_FORMAT = 1
+
+
+@dataclass
+class _Hosted:
+    method: SearchMethod
+    closed: set[int] = field(default_factory=set)
+    shut_down: bool = False
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "method": self.method.snapshot(),
+            "closed": sorted(self.closed),
+            "shutDown": self.shut_down,
+        }
+
+
+def _new_method(experiment: ExperimentModel) -> SearchMethod:
+    cfg = parse_experiment_config(experiment.config)
+    searcher_cfg = cfg.searcher_dict()
+    if searcher_cfg is None:
+        raise ValueError(f"experiment {experiment.id} has no searcher section")
+    seed = cfg.reproducibility.experiment_seed if cfg.reproducibility else None
+    return make_search_method(
+        searcher_cfg, cfg.hyperparameters_dict(), seed=seed if seed is not None else experiment.id
+    )
+
+
+def load(experiment: ExperimentModel) -> tuple[_Hosted, list[Action]]:
+    """The experiment's search method, restored from its snapshot, or new with its initial actions."""
+    method = _new_method(experiment)
+    snap = experiment.searcher_snapshot
+    if snap and snap.get("format") == SNAPSHOT_FORMAT:
+        method.restore(snap["method"])
+        return _Hosted(method, set(snap.get("closed", [])), bool(snap.get("shutDown"))), []
+    return _Hosted(method), list(method.initial_actions())
+
+
+def _exited_reason(trial: TrialModel) -> ExitedReason | None:
+    if trial.early_exit_reason == TerminationReason.EARLY_EXIT_INVALID_HP or (
+        trial.early_exit_reason or ""
+    ).endswith("INVALID_HP"):
+        return ExitedReason.INVALID_HP
+    if trial.state == TrialState.ERROR:
+        return ExitedReason.ERRORED
+    if trial.state == TrialState.CANCELED:
+        return ExitedReason.USER_CANCELED
+    return None
+
+
+def drive(session: Session, experiment: ExperimentModel) -> int:
+    """Feed the experiment's new events to its search method and apply the resulting actions.
+
+    Returns the number of actions applied. The caller commits; on any exception it must roll back.
+    """
+    hosted, actions = load(experiment)
+    if hosted.shut_down:
+        return 0
+
+    completions = list(
+        session.scalars(
+            select(SearcherOpCompletionModel)
+            .join(TrialModel, TrialModel.id == SearcherOpCompletionModel.trial_id)
+            .where(
+                TrialModel.experiment_id == experiment.id,
+                SearcherOpCompletionModel.consumed.is_(False),
+            )
+            .order_by(SearcherOpCompletionModel.id)
+        )
+    )
+    for c in completions:
+        c.consumed = True
+        if c.metric is not None:
+            actions += hosted.method.on_validation_completed(c.trial_id, c.metric, int(c.length))
+
+    trials = {
+        t.id: t for t in session.scalars(select(TrialModel).where(TrialModel.experiment_id == experiment.id))
+    }
+    for trial in sorted(trials.values(), key=lambda t: t.id):
+        if trial.state in TERMINAL_TRIAL_STATES and trial.id not in hosted.closed:
+            reason = _exited_reason(trial)
+            if reason is not None:
+                actions += hosted.method.on_trial_exited_early(trial.id, reason)
+            actions += hosted.method.on_trial_closed(trial.id)
+            hosted.closed.add(trial.id)
+
+    applied = _apply(session, experiment, hosted, actions, trials)
+    progress = hosted.method.progress()
+    if experiment.progress != progress:
+        experiment.progress = progress
+    snapshot = hosted.snapshot()
+    if snapshot != experiment.searcher_snapshot:
+        # The experiment row's version column guards this write: if another writer changed the experiment
+        # since it was loaded, the flush raises StaleDataError and the caller rolls everything back.
+        experiment.searcher_snapshot = snapshot
+    return applied
+
+
+def _apply(
+    session: Session,
+    experiment: ExperimentModel,
+    hosted: _Hosted,
+    actions: list[Action],
+    trials: dict[int, TrialModel],
+) -> int:
+    queue = list(actions)
+    applied = 0
+    while queue:
+        action = queue.pop(0)
+        applied += 1
+        if isinstance(action, Create):
+            trial = svc.create_trial(
+                session, experiment.id, action.request_id, dict(action.hparams), seed=action.trial_seed
+            )
+            trials[trial.id] = trial
+            queue += hosted.method.on_trial_created(action.request_id, trial.id)
+        elif isinstance(action, ValidateAfter):
+            svc.set_searcher_operation(session, action.trial_id, action.length)
+        elif isinstance(action, Pause):
+            _pause(session, trials[action.trial_id])
+        elif isinstance(action, Resume):
+            trial = trials[action.trial_id]
+            if trial.state == TrialState.PAUSED:
+                svc.set_trial_state(session, trial, TrialState.ACTIVE, "resumed by the searcher (promoted)")
+        elif isinstance(action, Stop):
+            _stop(session, trials[action.trial_id])
+        elif isinstance(action, Shutdown):
+            hosted.shut_down = True
+            _shutdown(session, experiment, action)
+    return applied
+
+
+def _pause(session: Session, trial: TrialModel) -> None:
+    """Checkpoint and free the slots; the trial stays open and may be resumed if later promoted."""
+    if trial.state != TrialState.ACTIVE:
+        return
+    trial.pause_reason = TerminationReason.PAUSED_BY_SEARCHER
+    run = svc.live_run_of(session, trial.id)
+    if run is None:
+        svc.set_trial_state(session, trial, TrialState.PAUSED, "paused by the searcher (not promoted yet)")
+    else:
+        run.preempt_requested = True  # PAUSED when the job has checkpointed and exited
+
+
+def _stop(session: Session, trial: TrialModel) -> None:
+    svc.set_searcher_operation(session, trial.id, None, done=True)
+    if trial.state in TERMINAL_TRIAL_STATES:
+        return
+    run = svc.live_run_of(session, trial.id)
+    if run is None:
+        svc.set_trial_state(session, trial, TrialState.COMPLETED, "stopped by the searcher")
+    else:
+        run.preempt_requested = True  # Core API scripts learn it from should_preempt(); old ones from ops
+
+
+def _shutdown(session: Session, experiment: ExperimentModel, action: Shutdown) -> None:
+    if experiment.state != ExperimentState.ACTIVE:
+        return
+    if action.failure:
+        target = ExperimentState.STOPPING_ERROR
+    elif action.cancel:
+        target = ExperimentState.STOPPING_CANCELED
+    else:
+        target = ExperimentState.STOPPING_COMPLETED
+    svc.set_experiment_state(session, experiment, target, "the searcher is done")
+    session.flush()
+    svc.maybe_finish_experiment(session, experiment)

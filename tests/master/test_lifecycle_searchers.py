@@ -1,0 +1,132 @@
+"""The searcher side of the lifecycle loop, on SQLite and PostgreSQL: events from the DB in, actions applied.
+
+Experiments are created and validations reported through the real API; `searchers.drive` then runs in one
+transaction per experiment, exactly as the loop calls it.
+"""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from hpc_master.db.engine import transaction
+from hpc_master.db.models import ExperimentModel, TrialModel
+from hpc_master.lifecycle import searchers
+from tests.master.helpers import context_file, login
+
+SINGLE = """\
+entrypoint: python3 train.py
+searcher: {name: single, metric: validation_loss, max_length: {batches: 100}}
+hyperparameters: {lr: 0.1}
+"""
+
+ASHA = """\
+entrypoint: python3 train.py
+reproducibility: {experiment_seed: 7}
+searcher:
+  name: async_halving
+  metric: validation_loss
+  max_trials: 4
+  max_concurrent_trials: 4
+  num_rungs: 2
+  divisor: 2
+  max_length: {batches: 100}
+hyperparameters:
+  lr: {type: double, minval: 0.001, maxval: 0.1}
+"""
+
+
+def _create(client: TestClient, headers: dict[str, str], config: str) -> int:
+    r = client.post(
+        "/api/v1/experiments",
+        headers=headers,
+        json={"config": config, "modelDefinition": [context_file("train.py")], "activate": True},
+    )
+    assert r.status_code == 200, r.text
+    return int(r.json()["experiment"]["id"])
+
+
+def _drive(sessions: sessionmaker[Session], exp_id: int) -> int:
+    with transaction(sessions) as s:
+        exp = s.get(ExperimentModel, exp_id)
+        assert exp is not None
+        return searchers.drive(s, exp)
+
+
+def _trials(sessions: sessionmaker[Session], exp_id: int) -> list[TrialModel]:
+    with transaction(sessions) as s:
+        rows = list(
+            s.scalars(select(TrialModel).where(TrialModel.experiment_id == exp_id).order_by(TrialModel.id))
+        )
+        s.expunge_all()
+        return rows
+
+
+def _validate(client: TestClient, headers: dict[str, str], trial_id: int, steps: int, loss: float) -> None:
+    item = {"trialRunId": 1, "stepsCompleted": steps, "group": "validation",
+            "metrics": {"avgMetrics": {"validation_loss": loss}}}  # fmt: skip
+    r = client.post(f"/api/v1/trials/{trial_id}/metrics/batch", headers=headers, json={"metrics": [item]})
+    assert r.status_code == 200, r.text
+
+
+def test_single_search_creates_trains_stops_and_completes(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    headers = login(client)
+    exp_id = _create(client, headers, SINGLE)
+    assert _drive(sessions, exp_id) >= 2  # Create + ValidateAfter
+    (trial,) = _trials(sessions, exp_id)
+    assert trial.searcher_op_length == 100 and trial.hparams == {"lr": 0.1}
+
+    _validate(client, headers, trial.id, 50, 0.9)  # before the target: ignored by the search
+    _drive(sessions, exp_id)
+    assert _trials(sessions, exp_id)[0].searcher_done is False
+
+    _validate(client, headers, trial.id, 100, 0.5)
+    _drive(sessions, exp_id)  # Stop: the trial has no live job, so it completes at once
+    (trial,) = _trials(sessions, exp_id)
+    assert trial.searcher_done and trial.state == "COMPLETED"
+    _drive(sessions, exp_id)  # on_trial_closed → Shutdown
+    exp = client.get(f"/api/v1/experiments/{exp_id}", headers=headers).json()["experiment"]
+    assert exp["state"] == "STATE_COMPLETED"
+    assert exp["progress"] == 1.0
+
+
+def test_asha_pauses_unpromoted_trials_then_stops_them_when_the_rung_is_done(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    headers = login(client)
+    exp_id = _create(client, headers, ASHA)
+    _drive(sessions, exp_id)
+    trials = _trials(sessions, exp_id)
+    assert len(trials) == 4
+    assert {t.searcher_op_length for t in trials} == {50}  # rung 1 of 2 with divisor 2
+    assert len({t.hparams["lr"] for t in trials}) == 4
+
+    # A second experiment with the same seed samples the same hyperparameters (deterministic search).
+    twin = _create(client, headers, ASHA)
+    _drive(sessions, twin)
+    assert [t.hparams for t in _trials(sessions, twin)] == [t.hparams for t in trials]
+
+    for t, loss in zip(trials[:3], (0.4, 0.3, 0.2), strict=True):
+        _validate(client, headers, t.id, 50, loss)
+    _drive(sessions, exp_id)
+    after = {t.id: t for t in _trials(sessions, exp_id)}
+    # The worst so far is not promoted yet: paused (its slots freed), not stopped; the better ones go on.
+    assert after[trials[0].id].state == "PAUSED"
+    assert after[trials[0].id].pause_reason == "PAUSED_BY_SEARCHER"
+    assert after[trials[1].id].searcher_op_length == 100
+    assert after[trials[2].id].searcher_op_length == 100
+
+    _validate(client, headers, trials[3].id, 50, 0.1)
+    _drive(sessions, exp_id)
+    after = {t.id: t for t in _trials(sessions, exp_id)}
+    # With the rung complete the paused trial can never be promoted: it is closed for good.
+    assert after[trials[0].id].state == "COMPLETED"
+    assert after[trials[3].id].searcher_op_length == 100
+
+    # Driving again with no new events changes nothing (the snapshot is the whole state).
+    before = [(t.id, t.state, t.searcher_op_length) for t in _trials(sessions, exp_id)]
+    assert _drive(sessions, exp_id) == 0
+    assert [(t.id, t.state, t.searcher_op_length) for t in _trials(sessions, exp_id)] == before

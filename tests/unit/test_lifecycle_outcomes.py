@@ -1,0 +1,83 @@
+"""How a finished Slurm job becomes a termination reason (and so a trial state and retry policy)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpc_master.lifecycle.outcomes import RunContext, classify
+from hpc_master.services.states import TERMINATION_TABLE, Retry, TerminationReason, TrialState
+from slurm_backend import JobStatus, Outcome
+
+R = TerminationReason
+ACTIVE = RunContext(TrialState.ACTIVE, None, preempt_requested=False, searcher_done=False)
+
+
+def status(outcome: Outcome, exit_code: int | None = 0) -> JobStatus:
+    return JobStatus(job_id="42", outcome=outcome, slurm_state=outcome.value, exit_code=exit_code)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "exit_info", "ctx", "expected"),
+    [
+        # The trial's code finished its work.
+        (Outcome.SUCCEEDED, {"exitCode": 0, "preempted": False}, ACTIVE, R.SEARCHER_DONE),
+        # Checkpointed on the pre-time-limit signal: resubmitted at once (a chain of jobs).
+        (Outcome.SUCCEEDED, {"preempted": True, "signal": "SIGUSR1"}, ACTIVE, R.TIME_LIMIT_CHECKPOINTED),
+        (Outcome.SUCCEEDED, {"preempted": True, "signal": 10}, ACTIVE, R.TIME_LIMIT_CHECKPOINTED),
+        # Checkpointed on Slurm's preemption SIGTERM within the grace time.
+        (Outcome.SUCCEEDED, {"preempted": True, "signal": "SIGTERM"}, ACTIVE, R.SLURM_PREEMPTED),
+        (Outcome.PREEMPTED, None, ACTIVE, R.SLURM_PREEMPTED),
+        (Outcome.TIMED_OUT, {"preempted": False}, ACTIVE, R.TIME_LIMIT),
+        (Outcome.TIMED_OUT, {"preempted": True}, ACTIVE, R.TIME_LIMIT_CHECKPOINTED),
+        (Outcome.FAILED, {"exitCode": 3}, ACTIVE, R.NONZERO_EXIT),
+        (Outcome.NODE_FAILED, None, ACTIVE, R.NODE_FAIL),
+        (Outcome.OOM, None, ACTIVE, R.OUT_OF_MEMORY),
+        (Outcome.FAILED, {"reason": "StepId=1.batch exceeded memory limit"}, ACTIVE, R.OUT_OF_MEMORY),
+        (Outcome.UNSCHEDULABLE, None, ACTIVE, R.SUBMIT_FAILED),
+        (Outcome.CANCELLED, None, ACTIVE, R.JOB_LOST),  # scancel'd outside the platform
+        (Outcome.UNKNOWN, None, ACTIVE, R.JOB_LOST),
+        # What the master asked for wins over how the job happened to end.
+        (
+            Outcome.SUCCEEDED,
+            {"preempted": True, "signal": "SIGTERM"},
+            RunContext(TrialState.ACTIVE, R.PAUSED_BY_SEARCHER, preempt_requested=True, searcher_done=False),
+            R.PAUSED_BY_SEARCHER,
+        ),
+        (
+            Outcome.SUCCEEDED,
+            {"preempted": True},
+            RunContext(TrialState.PAUSED, R.PAUSED_BY_USER, preempt_requested=True, searcher_done=False),
+            R.PAUSED_BY_USER,
+        ),
+        (
+            Outcome.SUCCEEDED,
+            {"preempted": True},
+            RunContext(TrialState.ACTIVE, None, preempt_requested=True, searcher_done=True),
+            R.SEARCHER_DONE,
+        ),
+        (
+            Outcome.CANCELLED,
+            None,
+            RunContext(TrialState.STOPPING_KILLED, None, preempt_requested=True, searcher_done=False),
+            R.KILLED_BY_USER,
+        ),
+        (
+            Outcome.SUCCEEDED,
+            {"preempted": True},
+            RunContext(TrialState.STOPPING_CANCELED, None, preempt_requested=True, searcher_done=False),
+            R.CANCELED_BY_USER,
+        ),
+    ],
+)
+def test_classify(
+    outcome: Outcome, exit_info: dict[str, object] | None, ctx: RunContext, expected: R
+) -> None:
+    assert classify(status(outcome), exit_info, ctx) == expected
+
+
+def test_every_reason_classify_can_return_has_a_policy() -> None:
+    # Preemption and checkpointed time limits resubmit without using up restarts; crashes count.
+    assert TERMINATION_TABLE[R.SLURM_PREEMPTED].retry == Retry.RESUBMIT
+    assert TERMINATION_TABLE[R.TIME_LIMIT_CHECKPOINTED].retry == Retry.RESUBMIT
+    assert TERMINATION_TABLE[R.NONZERO_EXIT].retry == Retry.RESTART
+    assert TERMINATION_TABLE[R.NODE_FAIL].retry == Retry.RESTART
