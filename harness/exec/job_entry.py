@@ -1,0 +1,352 @@
+"""The first thing every trial job runs: ``python -m harness.exec.job_entry --run-dir DIR``. Standard library only.
+
+1. reads the run directory the master wrote (``plan.json``, ``session_token``, ``cluster_info.template.json``;
+   layout in ``harness.exec._job_plan``) and builds the environment (the config's ``environment_variables``,
+   then the ``DET_*`` variables, which win; ``PYTHONPATH`` keeps ours first);
+2. resolves ``container_addrs`` from ``SLURM_JOB_NODELIST`` and writes ``cluster_info.json`` (one file for all
+   nodes: the harness takes ``container_rank`` from ``SLURM_NODEID``);
+3. unpacks the context archive into the trial's ``work/`` directory, once per trial (refusing unsafe archives);
+4. runs ``startup-hook.sh`` with bash in ``work/`` when present; a non-zero exit fails the job;
+5. runs the entrypoint (see ``resolve_entrypoint``) in its own process group, forwarding SIGTERM, SIGINT, SIGHUP
+   and the preemption signals to it (to the process alone when it is one of our launchers, which forward
+   themselves; to the whole group otherwise), and waits;
+6. writes ``exit.json`` atomically: ``{"exitCode", "signal", "preempted", "reason", "finishedAt", "stage",
+   "slurmJobId"}``. It exits 0 on success and on a clean preemption (a preemption signal was forwarded or the
+   harness acknowledged one, and the entrypoint exited 0), the entrypoint's code otherwise (128+N when killed
+   by signal N), and 1 when the job could not be set up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from harness.exec import _job_plan as plan_files
+from harness.exec._job_nodes import NodeListError, container_addrs
+from harness.exec._job_unpack import DEFAULT_MAX_BYTES, UnsafeArchiveError, fingerprint, unpack_context
+
+SETUP_FAILED = 1
+_Handler = Callable[[int, types.FrameType | None], Any] | int | signal.Handlers | None
+
+
+class JobEntryError(Exception):
+    """The job cannot start; the message says why (it goes to the log and to exit.json)."""
+
+    def __init__(self, message: str, stage: str) -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
+def log(message: str) -> None:
+    print(f"[job_entry] {message}", flush=True)
+
+
+def signal_number(name: str) -> int:
+    text = name.strip().upper()
+    if text.isdigit():
+        return int(text)
+    return int(signal.Signals[text if text.startswith("SIG") else "SIG" + text])
+
+
+# -- the run directory ---------------------------------------------------------------------------------------
+
+
+def load_plan(run_dir: str) -> dict[str, Any]:
+    path = os.path.join(run_dir, plan_files.PLAN_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            plan: dict[str, Any] = json.load(f)
+    except (OSError, ValueError) as e:
+        raise JobEntryError(f"cannot read the job plan {path}: {e}", "plan") from None
+    if plan.get("version") != plan_files.PLAN_VERSION:
+        raise JobEntryError(f"{path} has plan version {plan.get('version')!r}, expected 1", "plan")
+    missing = [k for k in plan_files.PLAN_KEYS if k not in plan]
+    if missing:
+        raise JobEntryError(f"{path} lacks {', '.join(missing)}", "plan")
+    return plan
+
+
+def read_token(run_dir: str) -> str:
+    path = os.path.join(run_dir, plan_files.TOKEN_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return ""
+    except OSError as e:
+        raise JobEntryError(f"cannot read the session token {path}: {e}", "plan") from None
+
+
+def _path_list(*values: str | None) -> str:
+    seen: list[str] = []
+    for value in values:
+        for part in (value or "").split(os.pathsep):
+            if part and part not in seen:
+                seen.append(part)
+    return os.pathsep.join(seen)
+
+
+def build_environment(
+    plan: Mapping[str, Any], token: str, base: Mapping[str, str], addrs: list[str]
+) -> dict[str, str]:
+    """The entrypoint's environment: inherited, then the config's variables, then ours."""
+    ours: dict[str, str] = {str(k): str(v) for k, v in plan["env"].items()}
+    user: dict[str, str] = {str(k): str(v) for k, v in plan["user_env"].items()}
+    env = {**base, **user, **ours}
+    env["PYTHONPATH"] = _path_list(ours.get("PYTHONPATH"), user.get("PYTHONPATH"), base.get("PYTHONPATH"))
+    python_bin = os.path.dirname(str(plan["python"]))
+    # `python3 train.py` in an entrypoint means the platform's interpreter, as in Determined's images.
+    env["PATH"] = _path_list(python_bin, user.get("PATH"), base.get("PATH") or os.defpath)
+    env["DET_SESSION_TOKEN"] = token
+    if addrs and not env.get("DET_CHIEF_IP"):
+        env["DET_CHIEF_IP"] = addrs[0]
+    return env
+
+
+def write_json_atomic(path: str, obj: Any, mode: int = 0o644) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def write_cluster_info(run_dir: str, addrs: list[str]) -> str:
+    template = os.path.join(run_dir, plan_files.CLUSTER_INFO_TEMPLATE_FILE)
+    try:
+        with open(template, encoding="utf-8") as f:
+            info: dict[str, Any] = json.load(f)
+    except (OSError, ValueError) as e:
+        raise JobEntryError(f"cannot read {template}: {e}", "cluster_info") from None
+    info["container_addrs"] = addrs
+    info["container_rank"] = 0  # each node's harness takes its rank from SLURM_NODEID
+    path = os.path.join(run_dir, plan_files.CLUSTER_INFO_FILE)
+    write_json_atomic(path, info, 0o600)
+    return path
+
+
+def prepare_workdir(plan: Mapping[str, Any]) -> str:
+    """Unpack the context into the trial's work directory unless an earlier run of this trial did."""
+    workdir = str(plan["workdir"])
+    trial_dir = os.path.dirname(workdir)
+    marker = os.path.join(trial_dir, plan_files.UNPACKED_MARKER)
+    archive = plan.get("context_archive")
+    os.makedirs(trial_dir, exist_ok=True)
+    if not archive:
+        os.makedirs(workdir, exist_ok=True)
+        return workdir
+    if os.path.exists(marker) and os.path.isdir(workdir):
+        log(f"context already unpacked in {workdir} by an earlier run")
+        return workdir
+    if os.path.lexists(workdir):  # an unpack that did not finish (no marker): start again
+        shutil.rmtree(workdir)
+    try:
+        size = unpack_context(
+            str(archive), workdir, max_bytes=int(plan["max_context_bytes"] or DEFAULT_MAX_BYTES)
+        )
+        stamp = fingerprint(str(archive))
+    except UnsafeArchiveError as e:
+        raise JobEntryError(f"the context archive was refused: {e}", "context") from None
+    except OSError as e:
+        raise JobEntryError(f"cannot unpack the context archive {archive}: {e}", "context") from None
+    with open(marker, "w", encoding="utf-8") as f:
+        f.write(stamp + "\n")
+    log(f"unpacked the context ({size} bytes) into {workdir}")
+    return workdir
+
+
+# -- running children with signal forwarding ------------------------------------------------------------------
+
+
+class Supervisor:
+    """Runs one child at a time in its own process group and forwards the signals this process receives."""
+
+    def __init__(self, preempt_signal: int) -> None:
+        self.preempt_signals = {int(signal.SIGTERM), preempt_signal}
+        self.forwarded = sorted(
+            {int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGHUP), preempt_signal, int(signal.SIGUSR2)}
+        )
+        self.received: list[int] = []
+        self.child: subprocess.Popen[bytes] | None = None
+        self.group = True
+        self.killed_by: int | None = None
+        self._old: dict[int, _Handler] = {}
+
+    def install(self) -> None:
+        for sig in self.forwarded:
+            self._old[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+        self._old.clear()
+
+    def _handle(self, signum: int, _frame: types.FrameType | None) -> None:
+        self.received.append(signum)
+        self._forward(signum)
+
+    def _forward(self, signum: int) -> None:
+        child = self.child
+        if child is None or child.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if self.group:
+                os.killpg(child.pid, signum)
+            else:
+                os.kill(child.pid, signum)
+
+    @property
+    def preemption_requested(self) -> bool:
+        return any(s in self.preempt_signals for s in self.received)
+
+    @property
+    def first_signal(self) -> int | None:
+        return self.received[0] if self.received else None
+
+    def run(self, argv: list[str], *, cwd: str, env: Mapping[str, str], group: bool = True) -> int:
+        """Run `argv`; its exit code, 128+N when killed by signal N."""
+        self.group = group
+        try:
+            self.child = subprocess.Popen(argv, cwd=cwd, env=dict(env), start_new_session=True)
+        except OSError as e:
+            raise JobEntryError(f"cannot start {argv[0]!r}: {e.strerror}", "entrypoint") from None
+        for signum in list(self.received):  # arrived between fork and now
+            self._forward(signum)
+        rc = self.child.wait()
+        self.killed_by = -rc if rc < 0 else None
+        return 128 - rc if rc < 0 else rc
+
+
+def run_startup_hook(sup: Supervisor, workdir: str, env: Mapping[str, str]) -> None:
+    hook = os.path.join(workdir, plan_files.STARTUP_HOOK)
+    if not os.path.isfile(hook):
+        return
+    log(f"running {plan_files.STARTUP_HOOK}")
+    code = sup.run(["bash", hook], cwd=workdir, env=env)
+    if code != 0 and not sup.preemption_requested:
+        raise JobEntryError(
+            f"{plan_files.STARTUP_HOOK} failed with exit code {code}; the entrypoint was not started "
+            "(its output is above)",
+            "startup_hook",
+        )
+
+
+# -- the exit record --------------------------------------------------------------------------------------------
+
+
+def exit_record(*, code: int, stage: str, reason: str, preempted: bool, signum: int | None) -> dict[str, Any]:
+    return {
+        "exitCode": code,
+        "signal": signal_name(signum),
+        "preempted": preempted,
+        "reason": reason,
+        "stage": stage,
+        "slurmJobId": os.environ.get("SLURM_JOB_ID"),
+        "finishedAt": datetime.datetime.now(datetime.UTC)
+        .isoformat(timespec="seconds")
+        .replace("+00:00", "Z"),
+    }
+
+
+def signal_name(signum: int | None) -> str | None:
+    if not signum:
+        return None
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
+
+
+def describe_exit(code: int, killed_by: int | None) -> str:
+    if killed_by:
+        return f"the entrypoint was killed by {signal_name(killed_by)} (exit code {code})"
+    return f"the entrypoint exited with code {code}"
+
+
+def run_job(run_dir: str, base_env: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+    """Everything but the exit record's writing; returns (exit code, record)."""
+    stage = "plan"
+    sup: Supervisor | None = None
+    try:
+        plan = load_plan(run_dir)
+        sup = Supervisor(signal_number(str(plan["preempt_signal"] or "SIGUSR1")))
+        sup.install()
+        token = read_token(run_dir)
+        stage = "cluster_info"
+        try:
+            addrs = container_addrs(base_env)
+        except (NodeListError, OSError, subprocess.SubprocessError) as e:
+            raise JobEntryError(f"cannot find the job's node addresses: {e}", stage) from None
+        write_cluster_info(run_dir, addrs)
+        env = build_environment(plan, token, base_env, addrs)
+        stage = "context"
+        workdir = prepare_workdir(plan)
+        stage = "startup_hook"
+        run_startup_hook(sup, workdir, env)
+        stage = "entrypoint"
+        if sup.preemption_requested:
+            reason = "preempted before the entrypoint started"
+            return 0, exit_record(code=0, stage=stage, reason=reason, preempted=True, signum=sup.first_signal)
+        try:
+            argv = plan_files.resolve_entrypoint(
+                plan["entrypoint"], int(plan["slots_per_trial"]), plan["python"]
+            )
+        except ValueError as e:
+            raise JobEntryError(str(e), stage) from None
+        launcher = plan_files.launcher_of(argv) or ""
+        ours = launcher.startswith(("launchers.", "determined.launch."))
+        log(f"running {' '.join(argv)} in {workdir}")
+        code = sup.run(argv, cwd=workdir, env=env, group=not ours)
+    except JobEntryError as e:
+        log(f"error: {e}")
+        signum = sup.first_signal if sup else None
+        return SETUP_FAILED, exit_record(
+            code=SETUP_FAILED, stage=e.stage, reason=str(e), preempted=False, signum=signum
+        )
+    finally:
+        if sup is not None:
+            sup.uninstall()
+    acked = os.path.exists(os.path.join(run_dir, plan_files.PREEMPT_ACK_FILE))
+    preempted = code == 0 and (acked or sup.preemption_requested)
+    if preempted:
+        reason = "preempted: the entrypoint exited cleanly after a preemption signal"
+    elif code == 0:
+        reason = "completed"
+    else:
+        reason = describe_exit(code, sup.killed_by)
+    signum = sup.first_signal or sup.killed_by
+    return code, exit_record(code=code, stage=stage, reason=reason, preempted=preempted, signum=signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.exec.job_entry", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--run-dir", required=True, help="the run directory the master wrote")
+    args = parser.parse_args(argv)
+    run_dir = os.path.abspath(args.run_dir)
+    code, record = run_job(run_dir, dict(os.environ))
+    try:
+        write_json_atomic(os.path.join(run_dir, plan_files.EXIT_FILE), record)
+    except OSError as e:
+        log(f"cannot write {plan_files.EXIT_FILE}: {e}")
+    log(f"{record['reason']} (exit code {code})")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

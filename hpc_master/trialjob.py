@@ -1,0 +1,289 @@
+"""One trial run → one Slurm job: a pure function from the experiment config, the resource pool and the trial.
+
+    plan = build_trial_job(config, pool, trial, paths, master_url=..., session_token=...)
+    write_run_dir(plan, uid=..., gid=...)            # hpc_master.trialjob_files: the run directory's files
+    job_id = SlurmCli().submit(plan.script, as_user=trial.owner)
+
+The job runs ``python -m harness.exec.job_entry --run-dir RUN_DIR``, which reads the files written here (the
+contract is in ``harness.exec._job_plan``). The session token is only ever in ``RUN_DIR/session_token`` (0600):
+never in the script, the sbatch command line or ``plan.json``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.exec import _job_plan as run_files
+from hpc_master.errors import ConfigError
+from hpc_master.expconf import (
+    DirectoryStorage,
+    ExperimentConfig,
+    SharedFSStorage,
+    memory_bytes,
+    slurm_time_to_minutes,
+)
+from hpc_master.masterconf import MasterConfig
+from slurm_backend.render import render_sbatch_script
+from slurm_backend.resources import slots_to_nodes
+from slurm_backend.spec import GpuRequestStyle, JobSpec
+
+DEFAULT_MAX_CONTEXT_BYTES = 1 << 30
+MAX_SIGNAL_LEAD_S = 65535
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """What a resource pool decides about a job (from ``master.yaml``'s ``resource_pools`` and ``preemption``)."""
+
+    name: str = "default"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    slots_per_node: int = 1
+    gpu_type: str | None = None
+    gpu_request_style: GpuRequestStyle = "gres"
+    default_time_limit_min: int | None = None
+    max_time_limit_min: int | None = None
+    mem_per_node_mb: int | None = None
+    preempt_signal: str = "SIGUSR1"
+    preempt_lead_s: int | None = 300  # None: no --signal
+
+
+def pool_from_master_config(master: MasterConfig, name: str | None = None) -> PoolSpec:
+    pool_name = name or master.default_resource_pool
+    pool = master.resource_pools.get(pool_name)
+    if pool is None:
+        known = ", ".join(sorted(master.resource_pools))
+        raise ConfigError(
+            f"unknown resource pool {pool_name!r} (known: {known})", field="resources.resource_pool"
+        )
+
+    def minutes(value: str | None, what: str) -> int | None:
+        try:
+            return None if value is None else slurm_time_to_minutes(value)
+        except ValueError as e:
+            raise ConfigError(str(e), field=f"resource_pools.{pool_name}.{what}") from None
+
+    return PoolSpec(
+        name=pool_name,
+        partition=pool.partition,
+        account=pool.account,
+        qos=pool.qos,
+        slots_per_node=pool.slots_per_node,
+        gpu_type=pool.gpu_type,
+        gpu_request_style=pool.gpu_request_style,
+        default_time_limit_min=minutes(pool.default_time_limit, "default_time_limit"),
+        max_time_limit_min=minutes(pool.max_time_limit, "max_time_limit"),
+        mem_per_node_mb=None if pool.mem_per_node is None else memory_bytes(pool.mem_per_node) >> 20,
+        preempt_signal=master.preemption.signal,
+        preempt_lead_s=master.preemption.lead_time_s,
+    )
+
+
+@dataclass(frozen=True)
+class TrialJobInputs:
+    experiment_id: int
+    trial_id: int
+    trial_run_id: int
+    hparams: Mapping[str, Any]
+    trial_seed: int
+    owner: str  # the Unix account the job runs as
+    latest_checkpoint: str | None = None  # uuid
+    steps_completed: int = 0
+    request_id: str | None = None
+    user_data: Mapping[str, Any] | None = None  # default: the config's `data`
+    context_archive: str | None = None  # .tar.gz/.zip of the model definition, on the shared filesystem
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    job_storage_root: str  # shared filesystem: <root>/exp-E/trial-T/run-R
+    checkpoint_root: str  # used when the config has no checkpoint_storage
+    platform_root: str  # the repository: harness/, launchers/, harness/compat
+    python: str  # interpreter with the platform's dependencies, on every node
+
+
+@dataclass(frozen=True)
+class TrialJobPlan:
+    spec: JobSpec
+    script: str  # the rendered sbatch script
+    command: tuple[str, ...]  # the job body: python -m harness.exec.job_entry --run-dir RUN_DIR
+    env: tuple[tuple[str, str], ...]  # DET_* and PYTHONPATH, exported by the script (no secrets)
+    user_env: dict[str, str]  # the config's environment_variables for this device type (plan.json only)
+    cluster_info: dict[str, Any]  # Determined's ClusterInfo; container_addrs filled in by the job entry
+    plan: dict[str, Any]  # plan.json
+    trial_dir: str
+    run_dir: str
+    workdir: str
+    output_path: str
+    session_token: str = field(repr=False)
+
+    def files(self) -> dict[str, tuple[str, int]]:
+        """Run-directory file name → (text, mode)."""
+        import json
+
+        def dump(obj: Any) -> str:
+            return json.dumps(obj, indent=2, sort_keys=True) + "\n"
+
+        return {
+            run_files.PLAN_FILE: (dump(self.plan), 0o644),
+            run_files.CLUSTER_INFO_TEMPLATE_FILE: (dump(self.cluster_info), 0o644),
+            run_files.TOKEN_FILE: (self.session_token + "\n", 0o600),
+            run_files.SCRIPT_FILE: (self.script, 0o644),
+        }
+
+
+def _time_limit(config: ExperimentConfig, pool: PoolSpec) -> int | None:
+    limit = config.slurm.time_limit_min or pool.default_time_limit_min
+    if limit is not None and pool.max_time_limit_min is not None and limit > pool.max_time_limit_min:
+        raise ConfigError(
+            f"{limit} minutes is over the {pool.name!r} pool's limit of {pool.max_time_limit_min} minutes; a "
+            "longer trial runs as a chain of jobs, each checkpointing before its time limit",
+            field="slurm.time_limit",
+        )
+    return limit
+
+
+def _signal_lead_s(pool: PoolSpec, time_limit_min: int | None) -> int | None:
+    """The pool's lead, at most half the time limit (a lead over the limit would preempt at once)."""
+    if pool.preempt_lead_s is None:
+        return None
+    lead = min(pool.preempt_lead_s, MAX_SIGNAL_LEAD_S)
+    if time_limit_min is not None:
+        lead = min(lead, time_limit_min * 60 // 2)
+    return lead
+
+
+def _checkpoint_root(config: ExperimentConfig, paths: JobPaths) -> str:
+    storage = config.checkpoint_storage
+    if isinstance(storage, SharedFSStorage):
+        return storage.root
+    if isinstance(storage, DirectoryStorage):
+        return storage.container_path
+    return paths.checkpoint_root
+
+
+def run_dirs(job_storage_root: str, experiment_id: int, trial_id: int, trial_run_id: int) -> tuple[str, str]:
+    """(trial directory, run directory)."""
+    trial_dir = posixpath.join(job_storage_root, f"exp-{experiment_id}", f"trial-{trial_id}")
+    return trial_dir, posixpath.join(trial_dir, f"run-{trial_run_id}")
+
+
+def build_trial_job(
+    config: ExperimentConfig,
+    pool: PoolSpec,
+    trial: TrialJobInputs,
+    paths: JobPaths,
+    *,
+    master_url: str,
+    session_token: str,
+    cluster_id: str = "hpc-det",
+    max_context_bytes: int = DEFAULT_MAX_CONTEXT_BYTES,
+) -> TrialJobPlan:
+    if config.entrypoint is None:
+        raise ConfigError("an experiment needs an entrypoint to run", field="entrypoint")
+    slots = config.resources.slots_per_trial
+    shape = slots_to_nodes(slots, config.slurm.slots_per_node or pool.slots_per_node)
+    argv = run_files.resolve_entrypoint(config.entrypoint, slots, paths.python)
+    ntasks = shape.gpus_per_node if run_files.tasks_per_slot(argv) and shape.gpus_per_node else 1
+    time_limit = _time_limit(config, pool)
+    trial_dir, run_dir = run_dirs(
+        paths.job_storage_root, trial.experiment_id, trial.trial_id, trial.trial_run_id
+    )
+    workdir = posixpath.join(trial_dir, run_files.WORK_DIR)
+    output = posixpath.join(run_dir, run_files.OUTPUT_FILE)
+    allocation_id = f"{trial.trial_id}.{trial.trial_run_id}"
+    root = paths.platform_root.rstrip("/") or "/"
+    env: list[tuple[str, str]] = [
+        ("PYTHONPATH", f"{posixpath.join(root, 'harness', 'compat')}:{root}"),
+        ("DET_MASTER", master_url),
+        ("DET_EXPERIMENT_ID", str(trial.experiment_id)),
+        ("DET_TRIAL_ID", str(trial.trial_id)),
+        ("DET_TRIAL_RUN_ID", str(trial.trial_run_id)),
+        ("DET_ALLOCATION_ID", allocation_id),
+        ("DET_CLUSTER_INFO", posixpath.join(run_dir, run_files.CLUSTER_INFO_FILE)),
+        ("DET_LATEST_CHECKPOINT", trial.latest_checkpoint or ""),
+        ("DET_STORAGE_ROOT", _checkpoint_root(config, paths)),
+        ("DET_JOB_STORAGE", trial_dir),
+        ("DET_RUN_DIR", run_dir),
+        ("DET_RANK_EXIT_DIR", posixpath.join(run_dir, run_files.RANK_EXIT_DIR)),
+        ("DET_PREEMPT_SIGNAL", pool.preempt_signal),
+        ("DET_PREEMPT_ACK_FILE", posixpath.join(run_dir, run_files.PREEMPT_ACK_FILE)),
+    ]
+    if trial.request_id:
+        env.append(("DET_REQUEST_ID", trial.request_id))
+    command = (paths.python, "-m", "harness.exec.job_entry", "--run-dir", run_dir)
+    spec = JobSpec(
+        job_name=f"det-e{trial.experiment_id}-t{trial.trial_id}",
+        comment=f"hpc-det:exp={trial.experiment_id},trial={trial.trial_id},run={trial.trial_run_id}",
+        commands=(command,),
+        output_path=output,
+        workdir=trial_dir,
+        partition=config.slurm.partition or pool.partition,
+        account=config.slurm.account or pool.account,
+        qos=config.slurm.qos or pool.qos,
+        time_limit_min=time_limit,
+        nodes=shape.nodes,
+        ntasks_per_node=ntasks,
+        gpus_per_node=shape.gpus_per_node,
+        gpu_type=config.slurm.gpu_type or pool.gpu_type,
+        gpu_request_style=pool.gpu_request_style,
+        mem_per_node_mb=pool.mem_per_node_mb,
+        preempt_signal=pool.preempt_signal,
+        preempt_lead_s=_signal_lead_s(pool, time_limit),
+        env=tuple(env),
+        extra_sbatch_args=tuple(config.slurm.sbatch_args),
+    )
+    user_env = config.environment.environment_variables.for_device("cuda" if shape.gpus_per_node else "cpu")
+    cluster_info: dict[str, Any] = {
+        "master_url": master_url,
+        "cluster_id": cluster_id,
+        "agent_id": "",
+        "slot_ids": list(range(shape.gpus_per_node)),
+        "task_id": f"{trial.experiment_id}.{trial.trial_id}",
+        "allocation_id": allocation_id,
+        "session_token": "",  # DET_SESSION_TOKEN, from the run directory's 0600 token file
+        "task_type": "TRIAL",
+        "latest_checkpoint": trial.latest_checkpoint,
+        "container_addrs": [],
+        "container_rank": 0,
+        "trial": {
+            "trial_id": trial.trial_id,
+            "experiment_id": trial.experiment_id,
+            "trial_seed": trial.trial_seed,
+            "hparams": dict(trial.hparams),
+            "config": config.to_dict(),
+            "steps_completed": trial.steps_completed,
+            "trial_run_id": trial.trial_run_id,
+            "user_data": dict(trial.user_data if trial.user_data is not None else config.data),
+        },
+    }
+    plan = {
+        "version": run_files.PLAN_VERSION,
+        "entrypoint": config.entrypoint,
+        "slots_per_trial": slots,
+        "python": paths.python,
+        "context_archive": trial.context_archive,
+        "max_context_bytes": max_context_bytes,
+        "workdir": workdir,
+        "env": dict(env),
+        "user_env": user_env,
+        "preempt_signal": pool.preempt_signal,
+    }
+    return TrialJobPlan(
+        spec=spec,
+        script=render_sbatch_script(spec),
+        command=command,
+        env=tuple(env),
+        user_env=user_env,
+        cluster_info=cluster_info,
+        plan=plan,
+        trial_dir=trial_dir,
+        run_dir=run_dir,
+        workdir=workdir,
+        output_path=output,
+        session_token=session_token,
+    )

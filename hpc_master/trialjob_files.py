@@ -1,0 +1,40 @@
+"""Writes a TrialJobPlan's run directory before the job is submitted (the only I/O of the trial-job module)."""
+
+from __future__ import annotations
+
+import os
+
+from hpc_master.trialjob import TrialJobPlan
+
+
+def _write(path: str, text: str, mode: int, uid: int | None, gid: int | None) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        os.fchmod(fd, mode)  # not widened by the umask, not narrowed either
+        if uid is not None:
+            os.fchown(fd, uid, -1 if gid is None else gid)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    os.replace(tmp, path)
+
+
+def _mkdir(path: str, uid: int | None, gid: int | None) -> None:
+    os.makedirs(path, mode=0o750, exist_ok=True)
+    if uid is not None:
+        os.chown(path, uid, -1 if gid is None else gid)
+
+
+def write_run_dir(plan: TrialJobPlan, *, uid: int | None = None, gid: int | None = None) -> None:
+    """Create the trial and run directories (owned by `uid`/`gid` when given: a root master submitting for a
+    user) and write the plan's files; the token file is 0600. Idempotent for a resubmission of the same run."""
+    trial_parent = os.path.dirname(plan.trial_dir)
+    for path in (trial_parent, plan.trial_dir, plan.run_dir):
+        _mkdir(path, uid, gid)
+    for name, (text, mode) in plan.files().items():
+        _write(os.path.join(plan.run_dir, name), text, mode, uid, gid)
