@@ -109,6 +109,23 @@ class MasterConfig(StrictModel):
     security: SecurityConfig = SecurityConfig()
     cluster_name: str = "hpc-det"
 
+    def experiment_defaults(self) -> dict[str, Any]:
+        """What every experiment gets unless its config says otherwise (experiment-config shaped)."""
+        from hpc_master.paths import get_checkpoint_root
+
+        storage = self.checkpoint_storage
+        return {
+            "checkpoint_storage": {
+                "type": "shared_fs",
+                "host_path": str(storage.host_path or get_checkpoint_root()),
+                **({"storage_path": storage.storage_path} if storage.storage_path else {}),
+                "save_experiment_best": storage.save_experiment_best,
+                "save_trial_best": storage.save_trial_best,
+                "save_trial_latest": storage.save_trial_latest,
+            },
+            "resources": {"resource_pool": self.default_resource_pool},
+        }
+
     # Resolved views (defaults filled in from the environment at call time).
     def db_url(self) -> str:
         return self.db.url or paths.get_default_db_url()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,7 @@ class ParsedConfig:
     warnings: list[str] = field(default_factory=list)
 
 
-def parse_config(text: str) -> ParsedConfig:
+def parse_config(text: str, defaults: Mapping[str, Any] | None = None) -> ParsedConfig:
     """Validate experiment config YAML with ``hpc_master.expconf`` when it is present, else minimally."""
     try:
         data = yaml.safe_load(text)
@@ -60,6 +60,12 @@ def parse_config(text: str) -> ParsedConfig:
     except ImportError:
         return ParsedConfig(config=data)
     parsed: Any = parse_experiment_config(data)
+    if defaults is not None:
+        # Phase 2: the master's defaults merged in, completeness checked, and the experiment seed fixed, so
+        # the stored config alone reproduces the search.
+        from hpc_master.expconf import complete_experiment_config
+
+        parsed = complete_experiment_config(parsed, defaults, defaults_field="master defaults")
     return ParsedConfig(config=parsed.to_dict(), warnings=list(getattr(parsed, "warnings", [])))
 
 
@@ -85,9 +91,11 @@ def create_experiment(
     activate: bool,
     parent_id: int | None = None,
     validate_only: bool = False,
+    defaults: Mapping[str, Any] | None = None,
 ) -> tuple[ExperimentModel | None, ParsedConfig]:
+    """`defaults`: the master's experiment defaults (`MasterConfig.experiment_defaults()`)."""
     principal.require_user()
-    parsed = parse_config(config_text)
+    parsed = parse_config(config_text, defaults)
     files = ctx.parse_model_definition(model_definition)
     archive = ctx.pack_context(files)
     if parent_id is not None:
