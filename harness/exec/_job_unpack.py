@@ -155,7 +155,7 @@ def _zip_members(zf: zipfile.ZipFile, w: _Writer) -> None:
             if info.file_size > 4096:
                 raise UnsafeArchiveError(f"link {rel!r} has an implausible target")
             w.symlink(rel, zf.read(info).decode("utf-8", "surrogateescape"))
-        elif mode and not stat.S_ISREG(mode):
+        elif stat.S_IFMT(mode) and not stat.S_ISREG(mode):
             raise UnsafeArchiveError(f"special file {info.filename!r} is not allowed in a context")
         else:
             with zf.open(info) as src:
