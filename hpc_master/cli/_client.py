@@ -121,13 +121,13 @@ def store_token(master: str, user: str, token: str, *, make_active: bool = True)
     _write_auth(data)
 
 
-def drop_token(master: str, user: str) -> None:
+def drop_token(master: str, user: str, *, keep_active: bool = False) -> None:
     data = _read_auth()
     entry = data["masters"].get(master)
     if not entry:
         return
     (entry.get("tokens") or {}).pop(user, None)
-    if entry.get("active_user") == user:
+    if entry.get("active_user") == user and not keep_active:
         entry.pop("active_user", None)
     _write_auth(data)
 
@@ -179,11 +179,12 @@ class Session:
 
     # -- auth
 
-    def login(self, username: str, password: str) -> str:
+    def login(self, username: str, password: str, *, make_active: bool = True) -> str:
+        """Log in and cache the token; `make_active` makes this user the default for this master."""
         body = self.call("POST", "/api/v1/auth/login", json={"username": username, "password": password},
                          auth=False)  # fmt: skip
         token = str(body["token"])
-        store_token(self.master, username, token)
+        store_token(self.master, username, token, make_active=make_active)
         self._user, self._token = username, token
         return token
 
@@ -200,7 +201,7 @@ class Session:
                     f"not logged in as {user!r} on {self.master}: run `det user login {user}` or set DET_PASS"
                 )
         try:
-            return self.login(user, password)
+            return self.login(user, password, make_active=False)
         except ApiError as err:
             if err.http_status == 401 and password == "":
                 raise UnauthenticatedError(
@@ -246,7 +247,7 @@ class Session:
                 raise MasterUnreachableError(f"the master at {self.master} did not answer in time ({err})") \
                     from None  # fmt: skip
             if auth and response.status_code == 401 and attempt == 0:
-                drop_token(self.master, self.username)
+                drop_token(self.master, self.username, keep_active=True)  # stale: log in again
                 self._token = None
                 continue
             _raise_for(response)

@@ -59,12 +59,12 @@ class ContextPlan:
         return sum(e.size for e in self.entries)
 
 
-def ignore_spec(root: Path) -> pathspec.PathSpec:  # type: ignore[type-arg]
+def ignore_spec(root: Path) -> pathspec.GitIgnoreSpec:
     lines = list(DEFAULT_IGNORES)
     detignore = root / DETIGNORE
     if detignore.is_file():
         lines += detignore.read_text(errors="replace").splitlines()
-    return pathspec.PathSpec.from_lines("gitwildmatch", lines)
+    return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
 def _inside(target: Path, root: Path) -> bool:
