@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from hpc_master import paths
 from hpc_master.errors import ClientError, DetError
@@ -112,6 +113,8 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
     from hpc_master.api.app import create_app
 
     app = create_app(config)
+    loop = make_lifecycle_loop(app.state.det)
+    loop.start()
     uvicorn.run(
         app,
         host=config.listen.host,
@@ -121,6 +124,20 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
         ssl_keyfile=str(config.tls.key) if config.tls.key else None,
         access_log=False,
     )
+    loop.stop()
+
+
+def make_lifecycle_loop(state: Any) -> Any:
+    """The loop that drives searchers and Slurm jobs (Slurm's command-line tools must be on PATH)."""
+    from hpc_master.lifecycle.jobs import JobDriver
+    from hpc_master.lifecycle.loop import LifecycleLoop
+    from slurm_backend import Poller, SlurmCli
+
+    config = state.config
+    cli = SlurmCli()
+    poller = Poller(cli, interval_s=config.poll_interval_s)
+    jobs = JobDriver(state.sessions, config, cli, poller, cluster_id=state.cluster_id)
+    return LifecycleLoop(state.sessions, jobs, interval_s=min(2.0, config.poll_interval_s))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,304 @@
+"""Trial runs as Slurm jobs: submit what the searcher wants running, follow jobs, apply how they ended.
+
+Every step is load → act → apply: read what is needed in one short transaction, run Slurm commands and
+write files with no transaction open, then apply the result in a second short transaction through the
+`hpc_master.services.lifecycle` choke points. Nothing here holds a transaction across a Slurm call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pwd
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+import hpc_master
+from hpc_master.db.engine import transaction
+from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel, UserModel
+from hpc_master.errors import ClientError, SlurmError
+from hpc_master.expconf import parse_experiment_config
+from hpc_master.lifecycle.outcomes import RunContext, classify, describe
+from hpc_master.masterconf import MasterConfig
+from hpc_master.paths import get_checkpoint_root, get_job_storage_root
+from hpc_master.services import lifecycle as svc
+from hpc_master.services.common import InvalidTransitionError
+from hpc_master.services.states import RunState, TerminationReason, TrialState
+from hpc_master.trialjob import (
+    JobPaths,
+    TrialJobInputs,
+    build_trial_job,
+    pool_from_master_config,
+    run_dirs,
+)
+from hpc_master.trialjob_files import write_run_dir
+from slurm_backend import JobStatus, Outcome, Poller, SlurmCli
+
+log = logging.getLogger(__name__)
+PLATFORM_ROOT = str(Path(hpc_master.__file__).resolve().parents[1])
+CONTEXT_FILE = "context.tar.gz"
+
+
+@dataclass(frozen=True)
+class _Submission:
+    run_id: int
+    run_number: int
+    trial_id: int
+    experiment_id: int
+    config: dict[str, Any]
+    hparams: dict[str, Any]
+    seed: int
+    request_id: str
+    latest_checkpoint: str | None
+    steps_completed: int
+    owner_unix: str | None
+    owner_name: str
+    context: bytes | None
+    token: str
+
+
+def master_url_for_jobs(config: MasterConfig) -> str:
+    """The URL jobs on the compute nodes use to reach the master (`external_url` when the admin set it)."""
+    if config.external_url:
+        return config.external_url.rstrip("/")
+    scheme = "https" if config.tls.cert else "http"
+    host = config.listen.host
+    if host in ("0.0.0.0", "::", ""):
+        import socket
+
+        host = socket.getfqdn()
+    return f"{scheme}://{host}:{config.listen.port}"
+
+
+class JobDriver:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        config: MasterConfig,
+        cli: SlurmCli,
+        poller: Poller,
+        *,
+        python: str | None = None,
+        cluster_id: str = "hpc-det",
+    ) -> None:
+        self.sessions = sessions
+        self.config = config
+        self.cli = cli
+        self.poller = poller
+        self.python = python or os.environ.get("DET_JOB_PYTHON") or sys.executable
+        self.cluster_id = cluster_id
+        self.job_storage_root = str(config.job_storage_root or get_job_storage_root())
+        self.master_url = master_url_for_jobs(config)
+        self.running_as_root = os.geteuid() == 0
+
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        with transaction(self.sessions) as session:
+            yield session
+
+    def tick(self) -> None:
+        self.cancel_stopped()
+        self.submit_pending()
+        self.poll()
+
+    # ---- submit ---------------------------------------------------------------------------------------
+    def submit_pending(self) -> int:
+        with self._tx() as s:
+            todo = [t.id for t in svc.list_trials_to_submit(s)]
+        submitted = 0
+        for trial_id in todo:
+            sub = self._allocate(trial_id)
+            if sub is not None and self._submit(sub):
+                submitted += 1
+        return submitted
+
+    def _allocate(self, trial_id: int) -> _Submission | None:
+        try:
+            with self._tx() as s:
+                trial = s.get(TrialModel, trial_id)
+                if trial is None or (trial.searcher_op_length is None and not trial.searcher_done):
+                    return None  # the searcher has not said how far to train yet
+                exp = s.get(ExperimentModel, trial.experiment_id)
+                owner = s.get(UserModel, exp.owner_id) if exp else None
+                if exp is None or owner is None:
+                    return None
+                run = svc.allocate_trial_run(s, trial_id)
+                return _Submission(
+                    run_id=run.id,
+                    run_number=run.run_number,
+                    trial_id=trial.id,
+                    experiment_id=exp.id,
+                    config=dict(exp.config),
+                    hparams=dict(trial.hparams),
+                    seed=int(trial.seed),
+                    request_id=trial.request_id,
+                    latest_checkpoint=trial.latest_checkpoint,
+                    steps_completed=int(trial.steps_completed),
+                    owner_unix=owner.unix_username,
+                    owner_name=owner.username,
+                    context=exp.context_archive,
+                    token=svc.mint_trial_token(s, trial.id),
+                )
+        except InvalidTransitionError as e:
+            log.debug("not submitting trial %s: %s", trial_id, e)
+            return None
+
+    def _job_user(self, sub: _Submission) -> tuple[str | None, int | None, int | None]:
+        """(account to submit as, uid, gid): a root master runs each job as its owner's Unix account."""
+        if not self.running_as_root:
+            return None, None, None
+        if not sub.owner_unix:
+            raise ClientError(
+                f"user {sub.owner_name!r} has no Unix account to run jobs as; an admin sets one with "
+                f"`det user edit {sub.owner_name} --unix-username NAME`",
+                code="no_unix_account",
+            )
+        try:
+            pw = pwd.getpwnam(sub.owner_unix)
+        except KeyError:
+            raise ClientError(
+                f"Unix account {sub.owner_unix!r} does not exist on the master's host"
+            ) from None
+        if pw.pw_uid == 0:
+            raise ClientError("jobs never run as root; give the user a non-root Unix account")
+        return sub.owner_unix, pw.pw_uid, pw.pw_gid
+
+    def _submit(self, sub: _Submission) -> bool:
+        try:
+            as_user, uid, gid = self._job_user(sub)
+            config = parse_experiment_config(sub.config)
+            trial_dir, _ = run_dirs(self.job_storage_root, sub.experiment_id, sub.trial_id, sub.run_number)
+            plan = build_trial_job(
+                config,
+                pool_from_master_config(self.config, config.resources.resource_pool),
+                TrialJobInputs(
+                    experiment_id=sub.experiment_id,
+                    trial_id=sub.trial_id,
+                    trial_run_id=sub.run_number,
+                    hparams=sub.hparams,
+                    trial_seed=sub.seed,
+                    owner=as_user or pwd.getpwuid(os.geteuid()).pw_name,
+                    latest_checkpoint=sub.latest_checkpoint,
+                    steps_completed=sub.steps_completed,
+                    request_id=sub.request_id,
+                    context_archive=os.path.join(trial_dir, CONTEXT_FILE) if sub.context else None,
+                ),
+                JobPaths(
+                    job_storage_root=self.job_storage_root,
+                    checkpoint_root=str(self.config.checkpoint_storage.host_path or get_checkpoint_root()),
+                    platform_root=PLATFORM_ROOT,
+                    python=self.python,
+                ),
+                master_url=self.master_url,
+                session_token=sub.token,
+                cluster_id=self.cluster_id,
+            )
+            write_run_dir(plan, uid=uid, gid=gid)
+            if sub.context:
+                _write_context_once(Path(trial_dir) / CONTEXT_FILE, sub.context, uid, gid)
+            job_id = self.cli.submit(plan.script, as_user=as_user)
+        except (ClientError, SlurmError, OSError) as e:
+            # Refused by us or by Slurm (bad partition, over a limit): the trial fails with the reason.
+            # An ambiguous sbatch failure would leave a job we do not know; SlurmCli reports those as
+            # SlurmError only after ruling out that the controller accepted the job.
+            log.warning("submitting trial %s failed: %s", sub.trial_id, e)
+            with self._tx() as s:
+                svc.finish_trial_run(s, sub.run_id, TerminationReason.SUBMIT_FAILED, str(e))
+            return False
+        with self._tx() as s:
+            svc.start_trial_run(s, sub.run_id, job_id, log_path=plan.output_path)
+        self.poller.watch(job_id)
+        log.info("trial %s run %s submitted as Slurm job %s", sub.trial_id, sub.run_number, job_id)
+        return True
+
+    # ---- stop -----------------------------------------------------------------------------------------
+    def cancel_stopped(self) -> None:
+        """scancel jobs of killed trials, and jobs that were asked to stop before they even started."""
+        with self._tx() as s:
+            live = svc.list_live_runs(s)
+        for run in live:
+            if run.slurm_job_id is None:
+                continue
+            kill = run.trial_state == TrialState.STOPPING_KILLED
+            never_started = run.preempt_requested and run.state == RunState.PENDING
+            if kill or never_started:
+                try:
+                    self.cli.cancel(run.slurm_job_id)
+                except SlurmError as e:
+                    log.warning("scancel %s failed: %s", run.slurm_job_id, e)
+
+    # ---- poll -----------------------------------------------------------------------------------------
+    def poll(self) -> None:
+        with self._tx() as s:
+            live = svc.list_live_runs(s)
+        jobs = {r.slurm_job_id: r for r in live if r.slurm_job_id}
+        self.poller.watch_all(jobs)
+        statuses = self.poller.poll()
+        for job_id, run in jobs.items():
+            status = statuses.get(job_id)
+            if status is None:
+                continue
+            if status.outcome is Outcome.RUNNING and run.state == RunState.PENDING:
+                with self._tx() as s:
+                    svc.mark_run_running(s, run.run_id, status.node_list or None)
+            elif status.outcome is Outcome.UNSCHEDULABLE:
+                try:
+                    self.cli.cancel(job_id)
+                except SlurmError as e:
+                    log.warning("scancel %s failed: %s", job_id, e)
+                self._finish(run.run_id, run.experiment_id, run.trial_id, run.run_number, status)
+            elif status.is_terminal:
+                self._finish(run.run_id, run.experiment_id, run.trial_id, run.run_number, status)
+
+    def _finish(self, run_id: int, exp_id: int, trial_id: int, run_number: int, status: JobStatus) -> None:
+        _, run_dir = run_dirs(self.job_storage_root, exp_id, trial_id, run_number)
+        exit_info = _read_exit(Path(run_dir) / "exit.json")
+        with self._tx() as s:
+            run = s.get(TrialRunModel, run_id)
+            trial = s.get(TrialModel, trial_id)
+            if run is None or trial is None:
+                return
+            ctx = RunContext(
+                trial_state=TrialState(trial.state),
+                pause_reason=trial.pause_reason,
+                preempt_requested=run.preempt_requested,
+                searcher_done=trial.searcher_done,
+                preempt_signal=self.config.preemption.signal,
+            )
+            reason = classify(status, exit_info, ctx)
+            outcome = svc.finish_trial_run(s, run_id, reason, describe(status, exit_info))
+        self.poller.unwatch(status.job_id)
+        log.info(
+            "trial %s run %s (job %s) ended: %s → trial %s%s",
+            trial_id, run_number, status.job_id, reason, outcome.trial_state,
+            ", resubmitting" if outcome.resubmit else "",
+        )  # fmt: skip
+
+
+def _read_exit(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_context_once(path: Path, data: bytes, uid: int | None, gid: int | None) -> None:
+    if path.exists():
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
+    with os.fdopen(fd, "wb") as f:
+        if uid is not None:
+            os.fchown(f.fileno(), uid, -1 if gid is None else gid)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

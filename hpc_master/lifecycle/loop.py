@@ -1,0 +1,104 @@
+"""The master's lifecycle loop: a background thread that drives searchers and Slurm jobs every tick.
+
+On start it reconciles what the database says with what Slurm knows (a master killed at any point loses
+nothing and runs nothing twice): live runs are simply polled again (sacct knows jobs that ended meanwhile),
+and a run allocated just before a crash, whose `sbatch` answer was never recorded, is found by its job
+comment or else finished as lost (and so resubmitted from its latest checkpoint).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm.exc import StaleDataError
+
+from hpc_master.db.engine import transaction
+from hpc_master.db.models import ExperimentModel
+from hpc_master.lifecycle import searchers
+from hpc_master.lifecycle.jobs import JobDriver
+from hpc_master.services import lifecycle as svc
+from hpc_master.services.common import InvalidTransitionError
+from hpc_master.services.states import ExperimentState, TerminationReason
+from slurm_backend import SlurmCli
+
+log = logging.getLogger(__name__)
+
+
+class LifecycleLoop:
+    def __init__(
+        self, sessions: sessionmaker[Session], jobs: JobDriver | None, interval_s: float = 2.0
+    ) -> None:
+        self.sessions = sessions
+        self.jobs = jobs
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ticks = 0
+
+    # ---- one tick ------------------------------------------------------------------------------------
+    def tick(self) -> None:
+        self.drive_searchers()
+        if self.jobs is not None:
+            self.jobs.tick()
+            self.drive_searchers()  # react at once to runs that just ended
+        self.ticks += 1
+
+    def drive_searchers(self) -> None:
+        with transaction(self.sessions) as s:
+            ids = [e.id for e in svc.list_active_experiments(s) if e.state == ExperimentState.ACTIVE]
+        for exp_id in ids:
+            try:
+                with transaction(self.sessions) as s:
+                    exp = s.get(ExperimentModel, exp_id)
+                    if exp is not None and exp.state == ExperimentState.ACTIVE:
+                        searchers.drive(s, exp)
+            except (StaleDataError, InvalidTransitionError) as e:
+                log.info("experiment %s: searcher step retried next tick (%s)", exp_id, e)
+            except Exception:
+                log.exception("experiment %s: the searcher failed", exp_id)
+
+    # ---- restart reconciliation ----------------------------------------------------------------------
+    def reconcile(self, cli: SlurmCli) -> None:
+        with transaction(self.sessions) as s:
+            orphans = [r for r in svc.list_live_runs(s) if r.slurm_job_id is None]
+        for run in orphans:
+            comment = f"hpc-det:exp={run.experiment_id},trial={run.trial_id},run={run.run_number}"
+            try:
+                found = cli.find_by_comment(comment)
+            except Exception as e:  # Slurm unreachable: try again on the next start
+                log.warning("cannot reconcile trial %s run %s: %s", run.trial_id, run.run_number, e)
+                continue
+            with transaction(self.sessions) as s:
+                if found:
+                    svc.start_trial_run(s, run.run_id, found[0])
+                    log.info(
+                        "adopted Slurm job %s for trial %s run %s", found[0], run.trial_id, run.run_number
+                    )
+                else:
+                    svc.finish_trial_run(
+                        s, run.run_id, TerminationReason.JOB_LOST, "the master stopped before sbatch answered"
+                    )
+
+    # ---- thread ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.jobs is not None:
+            self.reconcile(self.jobs.cli)
+        self._thread = threading.Thread(target=self._run, name="lifecycle-loop", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick()
+            except Exception:
+                log.exception("lifecycle tick failed")
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
