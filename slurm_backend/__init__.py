@@ -1,6 +1,6 @@
 """The only code that talks to Slurm (sbatch/squeue/sacct/scontrol/scancel) and maps its job states."""
 
-from slurm_backend.cli import CommandResult, Runner, SlurmCli, subprocess_runner
+from slurm_backend.cli import CommandResult, Runner, SlurmCli, SubmitRefusedError, subprocess_runner
 from slurm_backend.parse import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
@@ -29,6 +29,7 @@ __all__ = [
     "Poller",
     "Runner",
     "SlurmCli",
+    "SubmitRefusedError",
     "outcome_for",
     "parse_sacct",
     "parse_sbatch_parsable",

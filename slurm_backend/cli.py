@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from hpc_master.errors import ConfigError, SlurmError
+from hpc_master.errors import ClientError, ConfigError, SlurmError
 from slurm_backend import parse
 from slurm_backend.states import JobStatus
 
@@ -34,6 +34,22 @@ AMBIGUOUS_SUBMIT_ERRORS = ("Socket timed out", "Zero Bytes were transmitted or r
 UNKNOWN_JOB = "Invalid job id specified"
 # sacct on a cluster without slurmdbd.
 ACCOUNTING_DISABLED = "accounting storage is disabled"
+# sbatch refusals caused by what the user asked for (partition, account, QOS, GPUs, constraints, limits):
+# retrying cannot help, and the user must see Slurm's words.
+SUBMIT_REFUSALS = (
+    "Invalid partition name specified",
+    "Invalid account",
+    "Invalid qos specification",
+    "Requested node configuration is not available",
+    "Invalid feature specification",
+    "Invalid generic resource (gres) specification",
+    "Requested time limit is invalid",
+    "Job violates accounting/QOS policy",
+    "More processors requested than permitted",
+    "Node count specification invalid",
+    "Requested partition configuration not available now",
+    "Access/permission denied",
+)
 # Environment passed to Slurm commands: the master's own environment (database URL, tokens) must not leak into
 # users' jobs, which inherit sbatch's environment.
 SAFE_ENV_KEYS = (
@@ -47,6 +63,16 @@ SAFE_ENV_KEYS = (
     "SLURM_CONF",
 )  # runuser resets HOME/USER
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+class SubmitRefusedError(ClientError):
+    """Slurm refused the job for what it asks (unknown partition, too many GPUs, ...): fail the trial, do not retry."""
+
+    default_code = "slurm_refused"
+
+    def __init__(self, message: str, *, stderr: str) -> None:
+        super().__init__(message, field="slurm")
+        self.stderr = stderr
 
 
 @dataclass(frozen=True)
@@ -149,6 +175,10 @@ class SlurmCli:
         except SlurmError as e:
             if is_transient(e.stderr) and not any(m in e.stderr for m in AMBIGUOUS_SUBMIT_ERRORS):
                 result = self.run(argv, stdin=script_text)  # never reached the controller: safe to retry
+            elif any(m in e.stderr for m in SUBMIT_REFUSALS):
+                raise SubmitRefusedError(
+                    f"Slurm refused the job: {_last_error_line(e.stderr)}", stderr=e.stderr
+                ) from e
             else:
                 raise
         return parse.parse_sbatch_parsable(result.stdout)
@@ -215,6 +245,12 @@ class SlurmCli:
             if job_comment == comment:
                 ids.append(job_id.strip())
         return ids
+
+
+def _last_error_line(stderr: str) -> str:
+    """`sbatch: error: Batch job submission failed: Invalid partition name specified` → the part after it."""
+    line = [x for x in stderr.strip().splitlines() if x.strip()][-1]
+    return line.split("Batch job submission failed: ", 1)[-1].removeprefix("sbatch: error: ")
 
 
 def _job_id(job_id: str) -> str:

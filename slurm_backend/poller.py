@@ -87,7 +87,13 @@ class Poller:
         if not live:
             return
         seen = self.cli.squeue(live)
-        ended = [j for j in live if j not in seen or seen[j].is_terminal]
+        # UNSCHEDULABLE jobs are still pending in Slurm: sacct knows no exit code, and its reason is stale
+        # (PartitionConfig where squeue says PartitionTimeLimit), so squeue's answer stands.
+        ended = [
+            j
+            for j in live
+            if j not in seen or (seen[j].is_terminal and seen[j].outcome is not Outcome.UNSCHEDULABLE)
+        ]
         final = self._final_statuses(ended, seen) if ended else {}
         for job_id in live:
             status = final.get(job_id) or seen.get(job_id)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from hpc_master.errors import ConfigError, SlurmError
-from slurm_backend.cli import CommandResult, SlurmCli
+from slurm_backend.cli import CommandResult, SlurmCli, SubmitRefusedError
 
 
 class FakeRunner:
@@ -87,8 +87,17 @@ def test_submit_error_carries_slurms_message() -> None:
         "",
         "sbatch: error: invalid partition specified: nosuch\nsbatch: error: Batch job submission failed: Invalid partition name specified\n",
     )
-    cli, _, _ = make(bad)
-    with pytest.raises(SlurmError, match="Invalid partition name specified") as e:
+    cli, runner, _ = make(bad)
+    with pytest.raises(SubmitRefusedError) as e:
+        cli.submit("x")
+    assert e.value.message == "Slurm refused the job: Invalid partition name specified"
+    assert "invalid partition specified: nosuch" in e.value.stderr
+    assert len(runner.calls) == 1
+
+
+def test_other_submit_errors_are_slurm_errors() -> None:
+    cli, _, _ = make(CommandResult(1, "", "sbatch: error: Something unexpected\n"))
+    with pytest.raises(SlurmError, match="Something unexpected") as e:
         cli.submit("x")
     assert e.value.command == ["sbatch", "--parsable"]
 

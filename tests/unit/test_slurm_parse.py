@@ -50,6 +50,7 @@ def test_squeue() -> None:
         "8": Outcome.SUCCEEDED,
         "9": Outcome.RUNNING,
         "10": Outcome.RUNNING,
+        "30": Outcome.UNSCHEDULABLE,
     }
     assert jobs["5"].reason == "PartitionTimeLimit"
     assert jobs["5"].start_time is None and jobs["5"].node_list == ""
