@@ -48,6 +48,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("username", metavar="USERNAME", nargs="?")
     p.set_defaults(func=_change_password)
 
+    p = user_sub.add_parser(
+        "edit", help="change a user's Unix account, display name or admin flag (admin only)"
+    )
+    p.add_argument("username", metavar="USERNAME")
+    p.add_argument("--unix-username", metavar="U", help="the Unix account the user's jobs run as")
+    p.add_argument("--display-name", metavar="NAME")
+    admin = p.add_mutually_exclusive_group()
+    admin.add_argument("--admin", dest="admin", action="store_true", default=None, help="make an admin")
+    admin.add_argument("--no-admin", dest="admin", action="store_false", help="remove admin rights")
+    p.set_defaults(func=_edit)
+
     for name, active in (("activate", True), ("deactivate", False)):
         p = user_sub.add_parser(name, help=f"{name} a user (admin only)")
         p.add_argument("username", metavar="USERNAME")
@@ -145,4 +156,21 @@ def _set_active(args: argparse.Namespace) -> int:
     target = _find(session, args.username)
     session.call("PATCH", f"/api/v1/users/{target['id']}", json={"active": args.active})
     print(f"{'Activated' if args.active else 'Deactivated'} user {args.username!r}")
+    return 0
+
+
+def _edit(args: argparse.Namespace) -> int:
+    patch: dict[str, Any] = {}
+    if args.unix_username:
+        patch.update(unixUsername=args.unix_username, agentUserGroup={"agentUser": args.unix_username})
+    if args.display_name is not None:
+        patch["displayName"] = args.display_name
+    if args.admin is not None:
+        patch["admin"] = args.admin
+    if not patch:
+        raise ClientError("nothing to change: give --unix-username, --display-name, --admin or --no-admin")
+    session = session_from_args(args)
+    target = _find(session, args.username)
+    session.call("PATCH", f"/api/v1/users/{target['id']}", json=patch)
+    print(f"Updated user {args.username!r}")
     return 0

@@ -6,6 +6,7 @@ own CLI config directory (``XDG_CONFIG_HOME``), and run ``det`` in-process throu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 from hpc_master.cli.main import main
 
 MASTER_START_TIMEOUT_S = 30.0
+REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -39,9 +41,12 @@ class Master:
     proc: subprocess.Popen[bytes]
 
 
-@pytest.fixture(scope="session")
-def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Master]:
-    root = tmp_path_factory.mktemp("master")
+@contextlib.contextmanager
+def running_master(
+    root: Path, module_argv: list[str], extra_env: dict[str, str] | None = None
+) -> Iterator[Master]:
+    """Start ``python -m MODULE ...`` with its data under `root`; wait for ``/api/v1/master``; stop it after."""
+    root.mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DET_", "XDG_"))}
     env.update(
@@ -52,33 +57,41 @@ def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Master]:
         DET_CHECKPOINT_ROOT=str(root / "checkpoints"),
         DET_JOB_STORAGE_ROOT=str(root / "jobs"),
     )
-    log = (root / "master.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hpc_master.server", "--host", "127.0.0.1", "--port", str(port),
-         "--log-level", "warning"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + MASTER_START_TIMEOUT_S
-    while True:
+    env.update(extra_env or {})
+    argv = [a.replace("{port}", str(port)) for a in module_argv]
+    log_path = root / "master.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *argv], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + MASTER_START_TIMEOUT_S
         try:
-            if httpx.get(f"{url}/api/v1/master", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the master did not start: {(root / 'master.log').read_text()[-2000:]}")
-        time.sleep(0.1)
-    try:
-        yield Master(url, env["DET_DB_URL"], root, root / "checkpoints", proc)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+            while True:
+                try:
+                    if httpx.get(f"{url}/api/v1/master", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"the master did not start: {log_path.read_text()[-2000:]}")
+                time.sleep(0.1)
+            yield Master(url, env["DET_DB_URL"], root, Path(env["DET_CHECKPOINT_ROOT"]), proc)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="session")
+def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Master]:
+    """The REST API without the lifecycle loop: experiments stay as the tests leave them."""
+    with running_master(tmp_path_factory.mktemp("master"), ["tests.cli._api_master", "{port}"]) as m:
+        yield m
 
 
 @dataclass(frozen=True)

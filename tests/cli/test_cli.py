@@ -27,7 +27,7 @@ from hpc_master.db.models import (
     TrialRunModel,
 )
 from hpc_master.services.context import unpack_context_listing
-from tests.cli.conftest import ADMIN, Det, Master, free_port
+from tests.cli.conftest import ADMIN, Det, Master, free_port, running_master
 
 MakeUser = Callable[..., dict[str, str]]
 
@@ -166,6 +166,11 @@ def test_user_admin_commands(det: Det, make_user: MakeUser, monkeypatch: pytest.
     assert r.rc == 0, r.err
     users = json.loads(det("user", "list", "--json", env=ADMIN).out)["users"]
     assert [u["unixUsername"] for u in users if u["username"] == "u" + name] == ["someone"]
+    assert det("user", "edit", "u" + name, "--unix-username", "other", "--admin", env=ADMIN).rc == 0
+    users = json.loads(det("user", "list", "--json", env=ADMIN).out)["users"]
+    assert [(u["unixUsername"], u["admin"]) for u in users if u["username"] == "u" + name] == [
+        ("other", True)
+    ]
 
 
 # ---------------------------------------------------------------- experiment create
@@ -414,3 +419,27 @@ def test_auth_file_is_per_master_and_user(det: Det, master: Master, make_user: M
     assert det("user", "whoami", env=who).rc == 0
     assert _client.cached_token(master.url, who["DET_USER"])
     assert _client.cached_token("http://elsewhere:8080", who["DET_USER"]) is None
+
+
+def test_master_that_refuses_blank_passwords(det: Det, tmp_path: Path) -> None:
+    strict_env = {"DET_REQUIRE_PASSWORDS": "true", "DET_ADMIN_PASSWORD": "s3cret"}
+    with running_master(tmp_path / "strict", ["tests.cli._api_master", "{port}"], strict_env) as strict:
+        r = det("-m", strict.url, "user", "whoami")
+        assert r.rc == 1
+        assert r.err.strip() == (
+            "Error: could not log in as 'determined' with a blank password (invalid credentials); "
+            "log in with: det user login USERNAME"
+        )
+        r = det("-m", strict.url, "-u", "admin", "user", "whoami", env={"DET_PASS": "s3cret"})
+        assert (r.rc, r.out.strip()) == (0, "You are logged in as user 'admin'")
+
+
+def test_large_upload_reports_progress_on_stderr(det: Det, make_user: MakeUser, tmp_path: Path) -> None:
+    who = make_user("big")
+    cfg, ctx = write_context(tmp_path)
+    (ctx / "weights.bin").write_bytes(os.urandom(5 * 2**20))
+    r = det("e", "create", str(cfg), str(ctx), "--paused", env=who)
+    assert r.rc == 0, r.err
+    assert "Reading the context: 5.0 MB..." in r.err
+    assert "Uploading: 6.7 MB..." in r.err
+    assert r.out.startswith("Created experiment")

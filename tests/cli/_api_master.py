@@ -1,0 +1,24 @@
+"""The master's REST API alone (no lifecycle loop), under uvicorn: ``python -m tests.cli._api_master PORT``.
+
+The fast CLI tests use it so that no experiment they create is ever turned into Slurm jobs: they seed trials
+in the database themselves. Configuration comes from the environment (``DET_DB_URL`` and the other
+``ENV_OVERRIDES``), exactly as for ``det-master``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import uvicorn
+
+from hpc_master.api.app import create_app
+from hpc_master.masterconf import load_master_config
+
+
+def main() -> None:
+    config = load_master_config(None)
+    uvicorn.run(create_app(config), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
