@@ -18,3 +18,8 @@ def require(condition: bool, what: str) -> None:
     if os.environ.get("DET_TEST_REQUIRE_ALL") == "1":
         pytest.fail(f"{what} is required (DET_TEST_REQUIRE_ALL=1) but not available")
     pytest.skip(f"{what} not available")
+
+
+# Fixtures for tests on the real Slurm cluster (`cluster`, `researcher`, `shared_dir`), shared by tests/slurm
+# and tests/e2e.
+pytest_plugins = ["tests.slurm.fixtures"]

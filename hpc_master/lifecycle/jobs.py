@@ -227,7 +227,10 @@ class JobDriver:
             if run.slurm_job_id is None:
                 continue
             kill = run.trial_state == TrialState.STOPPING_KILLED
-            never_started = run.preempt_requested and run.state == RunState.PENDING
+            # Asked to stop before it started: cancel it, but only if Slurm itself still says it is pending
+            # (our record lags behind Slurm between polls; a running job checkpoints and exits by itself).
+            status = self.poller.status(run.slurm_job_id)
+            never_started = run.preempt_requested and status is not None and status.outcome is Outcome.PENDING
             if kill or never_started:
                 try:
                     self.cli.cancel(run.slurm_job_id)

@@ -47,12 +47,12 @@ def _asked_to_stop(ctx: RunContext) -> TerminationReason | None:
         return R.CANCELED_BY_USER
     if not ctx.preempt_requested:
         return None
+    if ctx.searcher_done:  # a Stop after an earlier Pause: the searcher is done with this trial for good
+        return R.SEARCHER_DONE
     if ctx.pause_reason == R.PAUSED_BY_SEARCHER:
         return R.PAUSED_BY_SEARCHER
     if ctx.trial_state == TrialState.PAUSED:
         return R.PAUSED_BY_USER
-    if ctx.searcher_done:
-        return R.SEARCHER_DONE
     return None
 
 

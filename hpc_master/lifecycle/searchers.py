@@ -117,6 +117,14 @@ def drive(session: Session, experiment: ExperimentModel) -> int:
     trials = {
         t.id: t for t in session.scalars(select(TrialModel).where(TrialModel.experiment_id == experiment.id))
     }
+    for trial in trials.values():
+        # A trial the searcher stopped while it was paused (or whose paused job ended after the Stop) is done.
+        if (
+            trial.searcher_done
+            and trial.state == TrialState.PAUSED
+            and svc.live_run_of(session, trial.id) is None
+        ):
+            svc.set_trial_state(session, trial, TrialState.COMPLETED, "stopped by the searcher")
     for trial in sorted(trials.values(), key=lambda t: t.id):
         if trial.state in TERMINAL_TRIAL_STATES and trial.id not in hosted.closed:
             reason = _exited_reason(trial)
@@ -187,6 +195,8 @@ def _stop(session: Session, trial: TrialModel) -> None:
     svc.set_searcher_operation(session, trial.id, None, done=True)
     if trial.state in TERMINAL_TRIAL_STATES:
         return
+    if trial.pause_reason == TerminationReason.PAUSED_BY_SEARCHER:
+        trial.pause_reason = None  # a Stop overrides an earlier Pause
     run = svc.live_run_of(session, trial.id)
     if run is None:
         svc.set_trial_state(session, trial, TrialState.COMPLETED, "stopped by the searcher")

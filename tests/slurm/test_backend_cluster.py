@@ -90,7 +90,7 @@ def test_two_nodes_two_gpus_each(cli: SlurmCli, researcher: Researcher, shared_d
             text=True,
             check=False,
         ).stdout.strip(),
-        60,
+        120,  # other sessions' jobs may hold the GPUs for a while
         "the job to run",
     )
     assert visible == "hpcdet-test 2x2|hpc-det:exp=3,trial=7,run=2|2"
@@ -131,7 +131,7 @@ def test_poller_tracks_five_jobs_with_one_squeue_per_poll(
         "ok3": (Outcome.SUCCEEDED, 0),
         "fail": (Outcome.FAILED, 3),
         "cancel": (Outcome.CANCELLED, 0),
-    }
+    }, statuses
     squeue_argvs = [a for a in runner.argvs if a[0] == "squeue"]
     refreshes = runner.calls["squeue"]
     # one squeue per refresh, batching every live id; sacct at most once per refresh, never per job
@@ -192,7 +192,9 @@ def test_time_limit_signals_then_times_out(cli: SlurmCli, researcher: Researcher
     assert status.outcome is Outcome.TIMED_OUT, status
     assert marker.exists(), "the batch shell never received USR1 before the time limit"
     assert status.end_time is not None and status.start_time is not None
-    assert 55 <= (status.end_time - status.start_time).total_seconds() <= 75
+    # slurmctld enforces limits on a periodic timer (~30 s), plus KillWait: 60-82 s seen for a 1-minute limit.
+    assert 55 <= (status.end_time - status.start_time).total_seconds() <= 130
+    assert int(marker.read_text()) < status.end_time.timestamp(), "USR1 came after the job ended?"
     assert time.monotonic() - started < 150
 
 

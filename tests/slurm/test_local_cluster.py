@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.conftest import (
+from tests.slurm.fixtures import (
     Researcher,
     python_for_jobs,
     wait_for,

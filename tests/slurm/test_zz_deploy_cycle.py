@@ -15,7 +15,7 @@ import pytest
 
 from slurm_backend.local import hosts, system
 from slurm_backend.local.spec import LocalClusterSpec, get_state_dir
-from tests.slurm.conftest import Researcher
+from tests.slurm.fixtures import Researcher
 
 pytestmark = pytest.mark.slurm
 DET = [sys.executable, "-m", "hpc_master.cli.main"]

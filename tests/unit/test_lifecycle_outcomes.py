@@ -55,6 +55,13 @@ def status(outcome: Outcome, exit_code: int | None = 0) -> JobStatus:
             RunContext(TrialState.ACTIVE, None, preempt_requested=True, searcher_done=True),
             R.SEARCHER_DONE,
         ),
+        # Paused by the searcher, then stopped for good before the job had exited: the Stop wins.
+        (
+            Outcome.SUCCEEDED,
+            {"preempted": True},
+            RunContext(TrialState.ACTIVE, R.PAUSED_BY_SEARCHER, preempt_requested=True, searcher_done=True),
+            R.SEARCHER_DONE,
+        ),
         (
             Outcome.CANCELLED,
             None,

@@ -1,4 +1,4 @@
-"""Fixtures for tests against the real local Slurm cluster (`det deploy local up --create-user researcher`).
+"""Fixtures and helpers for tests against the real local Slurm cluster (`det deploy local up --create-user researcher`).
 
 Jobs are submitted as a non-root researcher account (DET_TEST_USER, default `researcher`), never as root.
 """

@@ -1,0 +1,169 @@
+"""A real master (as root, on the local cluster's bridge) driving real Slurm jobs run by a researcher.
+
+The `master` fixture starts `det-master` in a subprocess with its own database, job storage and checkpoint
+directories; `Master.kill9()` and `Master.start()` let tests kill it and bring it back on the same database.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from slurm_backend.local.spec import LocalClusterSpec, get_state_dir
+from tests.slurm.fixtures import SHARED_TEST_ROOT, Researcher
+
+CONTEXT = Path(__file__).parent / "context"
+TERMINAL = {"STATE_COMPLETED", "STATE_CANCELED", "STATE_ERROR"}
+
+
+def _bridge_ip() -> str:
+    record = json.loads((get_state_dir() / "state.json").read_text())
+    return LocalClusterSpec.from_json(record["spec"]).controller_ip
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class Master:
+    def __init__(self, root: Path, researcher: Researcher) -> None:
+        self.root = root
+        self.host = _bridge_ip()
+        self.port = _free_port(self.host)
+        self.url = f"http://{self.host}:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.researcher = researcher
+        for d in ("jobs", "data", "state"):
+            (root / d).mkdir(parents=True, exist_ok=True)
+        (root / "checkpoints").mkdir(exist_ok=True)
+        (root / "checkpoints").chmod(0o1777)
+        (root / "master.yaml").write_text(
+            f"""
+listen: {{host: {self.host}, port: {self.port}}}
+external_url: {self.url}
+db: {{url: "sqlite:///{root}/master.db"}}
+job_storage_root: {root}/jobs
+checkpoint_storage: {{host_path: {root}/checkpoints}}
+resource_pools:
+  default: {{partition: batch, slots_per_node: 2, gpu_request_style: gres}}
+preemption: {{signal: SIGUSR1, lead_time_s: 30}}
+poll_interval_s: 1
+"""
+        )
+        self.log = root / "master.log"
+
+    def start(self) -> None:
+        env = dict(
+            os.environ,
+            DET_ADMIN_PASSWORD="admin-pw",
+            DET_MASTER_DATA_DIR=str(self.root / "data"),
+            DET_MASTER_STATE_DIR=str(self.root / "state"),
+        )
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "hpc_master.server", "--config", str(self.root / "master.yaml")],
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root,
+            )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/api/v1/master", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise AssertionError(f"the master did not start:\n{self.log.read_text()[-3000:]}")
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    # ---- API helpers ---------------------------------------------------------------------------------
+    def login(self, username: str, password: str) -> dict[str, str]:
+        r = httpx.post(f"{self.url}/api/v1/auth/login", json={"username": username, "password": password})
+        assert r.status_code == 200, r.text
+        return {"Authorization": f"Bearer {r.json()['token']}"}
+
+    def api(self, method: str, path: str, headers: dict[str, str], **kw: Any) -> Any:
+        r = httpx.request(method, f"{self.url}/api/v1{path}", headers=headers, timeout=30, **kw)
+        assert r.status_code < 300, f"{method} {path}: {r.status_code} {r.text}"
+        return r.json()
+
+    def create_experiment(self, headers: dict[str, str], config: str, context: Path = CONTEXT) -> int:
+        files = [
+            {"path": p.name, "type": 48, "content": base64.b64encode(p.read_bytes()).decode(), "mode": 0o644}
+            for p in sorted(context.iterdir())
+            if p.is_file()
+        ]
+        body = {"config": config, "modelDefinition": files, "activate": True}
+        return int(self.api("POST", "/experiments", headers, json=body)["experiment"]["id"])
+
+    def experiment(self, headers: dict[str, str], exp_id: int) -> dict[str, Any]:
+        return dict(self.api("GET", f"/experiments/{exp_id}", headers)["experiment"])
+
+    def trials(self, headers: dict[str, str], exp_id: int) -> list[dict[str, Any]]:
+        return list(self.api("GET", f"/experiments/{exp_id}/trials", headers)["trials"])
+
+    def wait_state(self, headers: dict[str, str], exp_id: int, states: set[str], timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        state = ""
+        while time.monotonic() < deadline:
+            state = self.experiment(headers, exp_id)["state"]
+            if state in states:
+                return state
+            time.sleep(0.5)
+        raise AssertionError(
+            f"experiment {exp_id} still {state} after {timeout_s:.0f} s\n{self.diagnose(exp_id)}"
+        )
+
+    def diagnose(self, exp_id: int) -> str:
+        logs = sorted((self.root / "jobs" / f"exp-{exp_id}").glob("trial-*/run-*/output.log"))
+        parts = [f"--- master.log ---\n{self.log.read_text()[-4000:]}"]
+        parts += [f"--- {p} ---\n{p.read_text()[-1500:]}" for p in logs[-4:]]
+        return "\n".join(parts)
+
+
+@pytest.fixture()
+def master(researcher: Researcher) -> Iterator[Master]:
+    root = SHARED_TEST_ROOT / f"master-{uuid.uuid4().hex[:10]}"
+    root.mkdir(parents=True)
+    root.chmod(0o755)
+    m = Master(root, researcher)
+    m.start()
+    try:
+        yield m
+    finally:
+        m.stop()
+        subprocess.run(["scancel", "--quiet", "-u", researcher.name], check=False)
+
+
+@pytest.fixture()
+def alice(master: Master) -> dict[str, str]:
+    """A master user whose jobs run as the researcher's Unix account."""
+    admin = master.login("admin", "admin-pw")
+    user = {"username": "alice", "admin": False, "active": True, "unixUsername": master.researcher.name}
+    master.api("POST", "/users", admin, json={"user": user, "password": "alice-pw"})
+    return master.login("alice", "alice-pw")

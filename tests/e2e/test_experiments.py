@@ -1,0 +1,204 @@
+"""Experiments end to end on the real local cluster: master → searcher → Slurm jobs (as a researcher) →
+harness → master. Every assertion is about what the platform recorded and what Slurm saw."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import Master
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+CONST = """
+name: e2e-const
+entrypoint: python3 train.py
+hyperparameters: {increment_by: 2, sleep_s: 0.02}
+searcher: {name: single, metric: validation_loss, max_length: {batches: 20}}
+max_restarts: 0
+"""
+
+ASHA = """
+name: e2e-asha
+entrypoint: python3 train.py
+reproducibility: {experiment_seed: 3}
+hyperparameters:
+  increment_by: {type: int, minval: 1, maxval: 100}
+  sleep_s: 0.02
+searcher:
+  name: async_halving
+  metric: validation_loss
+  max_trials: 4
+  max_concurrent_trials: 2
+  num_rungs: 2
+  divisor: 2
+  max_length: {batches: 20}
+max_restarts: 0
+"""
+
+
+def _metrics(master: Master, headers: dict[str, str], trial_id: int, group: str) -> list[dict[str, object]]:
+    rows = master.api("GET", f"/trials/{trial_id}/metrics", headers, params={"group": group})
+    return list(rows.get("metrics", rows.get("data", [])))
+
+
+def _sacct_users(job_name_prefix: str) -> set[str]:
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-a", "--parsable2", "--format=JobName,User"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {line.split("|")[1] for line in out.splitlines() if line.startswith(job_name_prefix)}
+
+
+def test_const_experiment_runs_as_the_researcher_and_completes(master: Master, alice: dict[str, str]) -> None:
+    exp = master.create_experiment(alice, CONST)
+    assert master.wait_state(alice, exp, {"STATE_COMPLETED", "STATE_ERROR"}, 120) == "STATE_COMPLETED", (
+        master.diagnose(exp)
+    )
+    (trial,) = master.trials(alice, exp)
+    assert trial["state"] == "STATE_COMPLETED" and trial["stepsCompleted"] == 20
+    assert trial["searcherMetricValue"] == pytest.approx(1 / (1 + 40))
+    training = _metrics(master, alice, trial["id"], "training")
+    assert sorted(int(m["stepsCompleted"]) for m in training) == list(range(1, 21))
+    assert trial["latestCheckpointUuid"]
+    assert _sacct_users(f"det-e{exp}-") == {master.researcher.name}
+
+
+def test_async_halving_pauses_and_resumes_trials_and_picks_the_best(
+    master: Master, alice: dict[str, str]
+) -> None:
+    exp = master.create_experiment(alice, ASHA)
+    assert master.wait_state(alice, exp, TERMINAL_OK, 300) == "STATE_COMPLETED", master.diagnose(exp)
+    trials = master.trials(alice, exp)
+    assert len(trials) == 4 and all(t["state"] == "STATE_COMPLETED" for t in trials)
+    best = min(trials, key=lambda t: t["searcherMetricValue"])
+    assert best["stepsCompleted"] == 20  # the best trial trained to the last rung
+    assert best["hparams"]["increment_by"] == max(t["hparams"]["increment_by"] for t in trials)
+    for t in trials:
+        steps = [int(m["stepsCompleted"]) for m in _metrics(master, alice, t["id"], "training")]
+        assert len(steps) == len(set(steps)), f"duplicated metrics for trial {t['id']}"
+    exp_row = master.experiment(alice, exp)
+    assert exp_row["progress"] == 1.0
+
+
+TERMINAL_OK = {"STATE_COMPLETED", "STATE_ERROR", "STATE_CANCELED"}
+
+LONG = """
+name: e2e-long
+entrypoint: python3 train.py
+hyperparameters: {increment_by: 1, sleep_s: 0.2}
+searcher: {name: single, metric: validation_loss, max_length: {batches: 60}}
+max_restarts: 0
+"""
+
+
+def _wait_trial(master: Master, headers: dict[str, str], exp: int, pred, what: str, timeout_s: float = 90):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        trials = master.trials(headers, exp)
+        if trials and pred(trials[0]):
+            return trials[0]
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}\n{master.diagnose(exp)}")
+
+
+def _runs_of(master: Master, exp: int, trial_id: int) -> list[str]:
+    return [
+        p.read_text()
+        for p in sorted((master.root / "jobs" / f"exp-{exp}" / f"trial-{trial_id}").glob("run-*/output.log"))
+    ]
+
+
+def test_pause_and_activate_resume_from_the_latest_checkpoint(master: Master, alice: dict[str, str]) -> None:
+    exp = master.create_experiment(alice, LONG)
+    trial = _wait_trial(master, alice, exp, lambda t: t["stepsCompleted"] >= 10, "10 steps")
+    master.api("POST", f"/experiments/{exp}/pause", alice)
+    trial = _wait_trial(master, alice, exp, lambda t: t["state"] == "STATE_PAUSED", "the pause")
+    # The job checkpointed and exited: nothing of the trial is left in Slurm.
+    time.sleep(3)
+    out = subprocess.run(["squeue", "-h", "-n", f"det-e{exp}-t{trial['id']}"], capture_output=True, text=True)
+    assert out.stdout.strip() == ""
+    paused_at = _wait_trial(master, alice, exp, lambda t: t["latestCheckpointUuid"], "a checkpoint")[
+        "stepsCompleted"
+    ]
+    master.api("POST", f"/experiments/{exp}/activate", alice)
+    assert master.wait_state(alice, exp, TERMINAL_OK, 180) == "STATE_COMPLETED", master.diagnose(exp)
+    logs = _runs_of(master, exp, trial["id"])
+    assert len(logs) == 2
+    assert "preempted at step" in logs[0]
+    assert "resumed from" in logs[1]
+    steps = [int(m["stepsCompleted"]) for m in _metrics(master, alice, trial["id"], "training")]
+    assert steps == sorted(set(steps)) and steps[-1] == 60  # strictly increasing, no duplicates
+    assert paused_at >= 10
+
+
+def test_slurm_preemption_resubmits_from_the_checkpoint(
+    master: Master, alice: dict[str, str], tmp_path: Path
+) -> None:
+    exp = master.create_experiment(alice, LONG)
+    trial = _wait_trial(master, alice, exp, lambda t: t["stepsCompleted"] >= 10, "10 steps")
+    # A high-priority job that needs every node of the cluster preempts the trial's job (SIGTERM + grace time).
+    urgent = subprocess.run(
+        ["runuser", "-u", master.researcher.name, "--", "sbatch", "--parsable", "-p", "urgent", "--exclusive",
+         "-N", str(_node_count()), "-o", "/dev/null", "--wrap", "sleep 2"],
+        capture_output=True, text=True, check=True, cwd="/",
+    ).stdout.strip()  # fmt: skip
+    assert urgent
+    assert master.wait_state(alice, exp, TERMINAL_OK, 240) == "STATE_COMPLETED", master.diagnose(exp)
+    (trial,) = master.trials(alice, exp)
+    assert trial["restarts"] == 0  # preemption does not use up restarts
+    logs = _runs_of(master, exp, trial["id"])
+    assert len(logs) >= 2 and "resumed from" in logs[1]
+    steps = [int(m["stepsCompleted"]) for m in _metrics(master, alice, trial["id"], "training")]
+    assert steps == sorted(set(steps)) and steps[-1] == 60
+
+
+def _node_count() -> int:
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-p", "batch", "-o", "%N"], capture_output=True, text=True, check=True
+    )
+    return len(set(out.stdout.split()))
+
+
+def test_master_killed_mid_experiment_loses_nothing_and_runs_nothing_twice(
+    master: Master, alice: dict[str, str]
+) -> None:
+    config = ASHA.replace("name: e2e-asha", "name: e2e-restart").replace("sleep_s: 0.02", "sleep_s: 0.1")
+    exp = master.create_experiment(alice, config)
+    _wait_trial(master, alice, exp, lambda t: t["stepsCompleted"] >= 3, "training to start")
+    master.kill9()
+    time.sleep(3)
+    master.start()
+    assert master.wait_state(alice, exp, TERMINAL_OK, 300) == "STATE_COMPLETED", master.diagnose(exp)
+    trials = master.trials(alice, exp)
+    assert len(trials) == 4  # no trial lost, none created twice
+    for t in trials:
+        steps = [int(m["stepsCompleted"]) for m in _metrics(master, alice, t["id"], "training")]
+        assert Counter(steps).most_common(1)[0][1] == 1, f"duplicated metrics for trial {t['id']}"
+    names = subprocess.run(
+        ["sacct", "-X", "-n", "-a", "--parsable2", "--format=JobName,State"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    running_twice = [n for n in names if n.startswith(f"det-e{exp}-") and "RUNNING" in n]
+    assert running_twice == []
+
+
+def test_a_failing_trial_restarts_then_errors_with_the_reason(master: Master, alice: dict[str, str]) -> None:
+    config = CONST.replace("max_restarts: 0", "max_restarts: 1").replace(
+        "sleep_s: 0.02", "sleep_s: 0.02, fail: true"
+    )
+    exp = master.create_experiment(alice, config)
+    assert master.wait_state(alice, exp, TERMINAL_OK, 120) == "STATE_ERROR", master.diagnose(exp)
+    (trial,) = master.trials(alice, exp)
+    assert trial["state"] == "STATE_ERROR" and trial["restarts"] == 1
+    assert "non-zero" in trial["exitMessage"]  # the reason is shown to the user
+    logs = _runs_of(master, exp, trial["id"])
+    assert len(logs) == 2 and all("failing on purpose" in log for log in logs)
