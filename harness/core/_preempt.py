@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 import types
+from pathlib import Path
 from typing import Any
 
 from harness._http import MasterSession, backoff_s, retry
@@ -48,17 +49,22 @@ def get_preempt_signals() -> list[signal.Signals]:
 
 
 class _SignalLatch:
-    """Process-wide: remembers that a preemption signal arrived. Handlers only set an Event."""
+    """Process-wide: remembers that a preemption signal arrived.
+
+    The handler only assigns a plain attribute. It must not take any lock (``threading.Event.set`` does):
+    a signal that arrives while the main thread holds that lock, or a second signal that arrives inside the
+    handler (Slurm signals the task's process group and ``wrap_rank`` forwards the same signal), deadlocks.
+    """
 
     def __init__(self) -> None:
-        self.event = threading.Event()
+        self.received = False
         self.signum: int | None = None
         self._previous: dict[signal.Signals, Any] = {}
         self._users = 0
 
     def _handler(self, signum: int, _frame: types.FrameType | None) -> None:
         self.signum = signum
-        self.event.set()
+        self.received = True
 
     def install(self, signals: list[signal.Signals]) -> bool:
         if threading.current_thread() is not threading.main_thread():
@@ -82,7 +88,7 @@ _latch = _SignalLatch()
 
 
 def preempt_signal_received() -> bool:
-    return _latch.event.is_set()
+    return _latch.received
 
 
 class _PreemptionWatcher(threading.Thread):
@@ -170,7 +176,7 @@ class PreemptContext:
     def _local_view(self) -> bool:
         if self._local.is_set():
             return True
-        if self._signals_installed and _latch.event.is_set():
+        if self._signals_installed and _latch.received:
             return True
         return self._watcher is not None and self._watcher.preempt
 
@@ -201,6 +207,12 @@ class PreemptContext:
     def acknowledge_preemption_signal(self) -> None:
         """Tell the master that we exit because of preemption and expect to be resumed."""
         self._ack_sent = True
+        ack_file = os.environ.get("DET_PREEMPT_ACK_FILE")
+        if ack_file:  # the job entry records an acknowledged preemption from this file, master or not
+            try:
+                Path(ack_file).touch()
+            except OSError as e:
+                logger.warning("could not write %s: %s", ack_file, e)
         if self._session is None:
             return
         path = f"/api/v1/allocations/{self._allocation_id}/signals/ack_preemption"
