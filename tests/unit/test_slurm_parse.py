@@ -68,7 +68,12 @@ def test_squeue_rejects_a_line_in_another_format() -> None:
 
 def test_sacct_folds_steps_into_jobs() -> None:
     jobs = parse_sacct(captured("sacct.txt"))
-    assert set(jobs) == {str(i) for i in range(1, 9)}
+    assert set(jobs) == {*(str(i) for i in range(1, 9)), "31", "55"}
+    assert (jobs["31"].outcome, jobs["31"].node_list) == (
+        Outcome.SUCCEEDED,
+        "node[1-2]",
+    )  # the job line, not a step
+    assert (jobs["55"].outcome, jobs["55"].exit_code, jobs["55"].exit_signal) == (Outcome.TIMED_OUT, 0, None)
     assert (jobs["1"].outcome, jobs["1"].exit_code) == (Outcome.SUCCEEDED, 0)
     assert (jobs["2"].outcome, jobs["2"].exit_code) == (Outcome.FAILED, 3)
     assert (jobs["3"].outcome, jobs["3"].slurm_state) == (
