@@ -13,12 +13,14 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from hpc_master.db.models import (
+    CheckpointModel,
     ExperimentModel,
     LogFileModel,
+    MetricModel,
     SearcherOpCompletionModel,
     TrialModel,
     TrialRunModel,
@@ -147,6 +149,8 @@ def allocate_trial_run(session: Session, trial_id: int, log_path: str | None = N
     if live:
         raise InvalidTransitionError(f"trial {trial_id} already has a live run")
     trial.run_id += 1
+    if trial.run_id > 1:
+        rollback_to_checkpoint(session, trial)
     run = TrialRunModel(trial_id=trial_id, run_number=trial.run_id, state=RunState.PENDING)
     session.add(run)
     session.flush()
@@ -154,6 +158,26 @@ def allocate_trial_run(session: Session, trial_id: int, log_path: str | None = N
         session.add(LogFileModel(trial_run_id=run.id, path=log_path))
     record_event(session, "trial_run", run.id, None, RunState.PENDING, "allocated")
     return run
+
+
+def rollback_to_checkpoint(session: Session, trial: TrialModel) -> int:
+    """Forget metrics reported after the checkpoint a new run resumes from (a failed run may have got past
+    it); the new run reports those steps again. Returns how many metric reports were removed."""
+    steps = 0
+    if trial.latest_checkpoint:
+        checkpoint = session.get(CheckpointModel, trial.latest_checkpoint)
+        steps = int(checkpoint.steps_completed) if checkpoint is not None else 0
+    result: Any = session.execute(
+        delete(MetricModel).where(MetricModel.trial_id == trial.id, MetricModel.steps_completed > steps)
+    )
+    removed = int(result.rowcount or 0)
+    if removed:
+        record_event(
+            session, "trial", trial.id, trial.state, trial.state,
+            f"rolled back {removed} metric reports after step {steps}: resuming from the latest checkpoint",
+        )  # fmt: skip
+    trial.steps_completed = steps
+    return removed
 
 
 def start_trial_run(

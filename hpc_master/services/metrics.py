@@ -37,10 +37,17 @@ def _insert_ignore(session: Session) -> Any:
 def ingest_metrics(session: Session, trial_id: int, reports: list[MetricReport]) -> tuple[int, int]:
     """Insert a batch in the caller's transaction; duplicates of (trial, run, group, steps) are skipped.
 
-    Returns (accepted, duplicates). One multi-row statement plus one trial update per batch.
+    Returns (accepted, ignored): ignored are duplicates, and reports of an older run of the trial (a job
+    that was replaced after a failure may still flush metrics the new run has rolled back and redone).
+    One multi-row statement plus one trial read and update per batch.
     """
     if not reports:
         return 0, 0
+    current_run = session.scalar(select(TrialModel.run_id).where(TrialModel.id == trial_id)) or 0
+    fresh = [r for r in reports if r.trial_run_id >= current_run]
+    if len(fresh) != len(reports):
+        accepted, _ = ingest_metrics(session, trial_id, fresh) if fresh else (0, 0)
+        return accepted, len(reports) - accepted
     if session.get_bind().dialect.name == "sqlite":
         accepted = _sqlite_insert_ignore(session, trial_id, reports)
         _bump_steps(session, trial_id, reports)

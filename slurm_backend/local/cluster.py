@@ -223,6 +223,37 @@ def _start_slurmd(spec: LocalClusterSpec, node: str, index: int) -> None:
     subprocess.run(cmd, check=True, env=_daemon_env(spec), timeout=60)
 
 
+def fail_node(node: str) -> None:
+    """Make `node` fail as a real node does: its slurmd and everything running on it die at once.
+
+    Slurm notices after SlurmdTimeout, marks the node DOWN and ends its jobs with NODE_FAIL.
+    """
+    require_root()
+    spec = _current_spec()
+    if node not in spec.node_names:
+        raise LocalClusterError(f"no node {node!r}; the nodes are {', '.join(spec.node_names)}")
+    pids = system.pids_in_netns(node)
+    system.terminate(pids, timeout_s=0.1)  # SIGTERM then, at once, SIGKILL: no graceful shutdown
+
+
+def start_node(node: str) -> None:
+    """(Re)start a node's slurmd; with ReturnToService=2 a DOWN node comes back once it registers."""
+    require_root()
+    spec = _current_spec()
+    if node not in spec.node_names:
+        raise LocalClusterError(f"no node {node!r}; the nodes are {', '.join(spec.node_names)}")
+    if any(p in system.pids_named("slurmd") for p in system.pids_in_netns(node)):
+        return
+    _start_slurmd(spec, node, spec.node_names.index(node))
+
+
+def _current_spec() -> LocalClusterSpec:
+    state_file = get_state_dir() / "state.json"
+    if not state_file.exists():
+        raise LocalClusterError("the local cluster is not up")
+    return LocalClusterSpec.from_json(Record.load(state_file).spec)
+
+
 def _ensure_user(user: str) -> bool:
     """Create a plain (non-root) account for researchers; returns whether it was created."""
     try:
