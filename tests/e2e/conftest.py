@@ -101,6 +101,15 @@ poll_interval_s: 1
             except subprocess.TimeoutExpired:
                 self.proc.kill()
 
+    def live_job_ids(self) -> list[str]:
+        import sqlite3
+
+        with sqlite3.connect(self.root / "master.db") as db:
+            rows = db.execute(
+                "SELECT slurm_job_id FROM trial_runs WHERE state IN ('PENDING', 'RUNNING') AND slurm_job_id IS NOT NULL"
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
     # ---- API helpers ---------------------------------------------------------------------------------
     def login(self, username: str, password: str) -> dict[str, str]:
         r = httpx.post(f"{self.url}/api/v1/auth/login", json={"username": username, "password": password})
@@ -157,7 +166,10 @@ def master(researcher: Researcher) -> Iterator[Master]:
         yield m
     finally:
         m.stop()
-        subprocess.run(["scancel", "--quiet", "-u", researcher.name], check=False)
+        # Cancel only this master's jobs (the cluster is shared with other tests and people).
+        jobs = m.live_job_ids()
+        if jobs:
+            subprocess.run(["scancel", "--quiet", *jobs], check=False)
 
 
 @pytest.fixture()
