@@ -168,9 +168,7 @@ def _apply(
         elif isinstance(action, Pause):
             _pause(session, trials[action.trial_id])
         elif isinstance(action, Resume):
-            trial = trials[action.trial_id]
-            if trial.state == TrialState.PAUSED:
-                svc.set_trial_state(session, trial, TrialState.ACTIVE, "resumed by the searcher (promoted)")
+            _resume(session, trials[action.trial_id])
         elif isinstance(action, Stop):
             _stop(session, trials[action.trial_id])
         elif isinstance(action, Shutdown):
@@ -189,6 +187,18 @@ def _pause(session: Session, trial: TrialModel) -> None:
         svc.set_trial_state(session, trial, TrialState.PAUSED, "paused by the searcher (not promoted yet)")
     else:
         run.preempt_requested = True  # PAUSED when the job has checkpointed and exited
+
+
+def _resume(session: Session, trial: TrialModel) -> None:
+    """Promoted: a paused trial runs again; a pause still pending (its job has not exited yet) is called off."""
+    if trial.state == TrialState.PAUSED:
+        svc.set_trial_state(session, trial, TrialState.ACTIVE, "resumed by the searcher (promoted)")
+    elif trial.state == TrialState.ACTIVE and trial.pause_reason == TerminationReason.PAUSED_BY_SEARCHER:
+        trial.pause_reason = None
+        run = svc.live_run_of(session, trial.id)
+        if run is not None:
+            # If the job already saw the request it exits after a checkpoint and is resubmitted at once.
+            run.preempt_requested = False
 
 
 def _stop(session: Session, trial: TrialModel) -> None:

@@ -130,3 +130,33 @@ def test_asha_pauses_unpromoted_trials_then_stops_them_when_the_rung_is_done(
     before = [(t.id, t.state, t.searcher_op_length) for t in _trials(sessions, exp_id)]
     assert _drive(sessions, exp_id) == 0
     assert [(t.id, t.state, t.searcher_op_length) for t in _trials(sessions, exp_id)] == before
+
+
+def test_a_promotion_calls_off_a_pause_that_is_still_pending(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    """Pause → (job still running) → Resume: the trial must keep running, not end up paused for good."""
+    from hpc_master.services import lifecycle as svc
+
+    headers = login(client)
+    exp_id = _create(client, headers, ASHA)
+    _drive(sessions, exp_id)
+    trials = _trials(sessions, exp_id)
+    with transaction(sessions) as s:  # every trial has a running job
+        for t in trials:
+            run = svc.allocate_trial_run(s, t.id)
+            svc.start_trial_run(s, run.id, f"90{t.id}")
+    _validate(client, headers, trials[0].id, 50, 0.9)  # alone in its rung: not promoted yet → Pause
+    _drive(sessions, exp_id)
+    with transaction(sessions) as s:
+        run = svc.live_run_of(s, trials[0].id)
+        assert run is not None and run.preempt_requested
+    for t, loss in zip(trials[1:], (0.8, 0.95, 0.99), strict=True):  # now the first one is in the top half
+        _validate(client, headers, t.id, 50, loss)
+    _drive(sessions, exp_id)
+    with transaction(sessions) as s:
+        trial = s.get(TrialModel, trials[0].id)
+        run = svc.live_run_of(s, trials[0].id)
+        assert trial is not None and run is not None
+        assert trial.searcher_op_length == 100 and trial.pause_reason is None
+        assert trial.state == "ACTIVE" and not run.preempt_requested
