@@ -23,6 +23,7 @@ class CountingRunner:
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
         self.argvs: list[list[str]] = []
+        self.submitted: list[str] = []
 
     def __call__(
         self, argv: Sequence[str], stdin: str | None, timeout_s: float, env: dict[str, str]
@@ -30,7 +31,10 @@ class CountingRunner:
         name = argv[4] if argv[0] == "runuser" else argv[0]
         self.calls[name] += 1
         self.argvs.append(list(argv))
-        return subprocess_runner(argv, stdin, timeout_s, env)
+        result = subprocess_runner(argv, stdin, timeout_s, env)
+        if name == "sbatch" and result.returncode == 0:
+            self.submitted.append(result.stdout.strip().split(";")[0])
+        return result
 
 
 @pytest.fixture()
@@ -39,12 +43,12 @@ def runner() -> CountingRunner:
 
 
 @pytest.fixture()
-def cli(runner: CountingRunner, researcher: Researcher) -> Iterator[SlurmCli]:
+def cli(runner: CountingRunner) -> Iterator[SlurmCli]:
     cli = SlurmCli(runner=runner, retries=3, backoff_s=1.0)
     yield cli
-    # Whatever a failed test left behind (every test job is named hpcdet-test...).
-    for name in ("hpcdet-test", "hpcdet-test 2x2"):
-        subprocess.run(["scancel", f"--name={name}", f"--user={researcher.name}"], check=False)
+    # Whatever this test left behind: only its own job ids (other sessions may run these tests at the same time).
+    if runner.submitted:
+        subprocess.run(["scancel", *runner.submitted], check=False)
 
 
 def spec(d: Path, *commands: tuple[str, ...], **kw: object) -> JobSpec:
