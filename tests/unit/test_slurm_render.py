@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,7 @@ from slurm_backend.render import render_sbatch_script, sbatch_line
 from slurm_backend.spec import JobSpec
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm_backend"
-BASE = {
+BASE: dict[str, Any] = {
     "job_name": "det-exp3-trial7",
     "comment": "hpc-det:exp=3,trial=7,run=2",
     "output_path": "/shared/det/exp3/trial7/run2/slurm-%j.log",
@@ -20,15 +21,15 @@ BASE = {
     "commands": (("/opt/det/venv/bin/python", "-m", "harness.entry", "--trial", "7"),),
 }
 SPECS = {
-    "one_gpu": JobSpec(**BASE, gpus_per_node=1),  # type: ignore[arg-type]
-    "two_nodes_gres_type": JobSpec(  # type: ignore[arg-type]
+    "one_gpu": JobSpec(**BASE, gpus_per_node=1),
+    "two_nodes_gres_type": JobSpec(
         **BASE, nodes=2, gpus_per_node=2, gpu_type="a100", cpus_per_task=4, mem_per_node_mb=16000
     ),
-    "gpus_per_node_style": JobSpec(  # type: ignore[arg-type]
+    "gpus_per_node_style": JobSpec(
         **BASE, nodes=2, gpus_per_node=4, gpu_type="h100", gpu_request_style="gpus_per_node"
     ),
-    "cpu_only": JobSpec(**BASE, gpus_per_node=0, gpu_request_style="none", cpus_per_task=8),  # type: ignore[arg-type]
-    "everything": JobSpec(  # type: ignore[arg-type]
+    "cpu_only": JobSpec(**BASE, gpus_per_node=0, gpu_request_style="none", cpus_per_task=8),
+    "everything": JobSpec(
         job_name="det exp 3 #7",  # a space and a '#' in an #SBATCH value: double-quoted
         comment="hpc-det:exp=3,trial=7,run=2",
         output_path="/shared/det/exp 3/slurm-%j.log",
@@ -71,7 +72,7 @@ def test_every_script_refuses_requeue_and_has_no_user_string_unquoted() -> None:
 
 @pytest.mark.parametrize("field", ["job_name", "comment", "output_path", "workdir"])
 def test_newline_in_header_value_is_refused(field: str) -> None:
-    spec = JobSpec(**{**BASE, field: "x\n#SBATCH --uid=0"})  # type: ignore[arg-type]
+    spec = JobSpec(**{**BASE, field: "x\n#SBATCH --uid=0"})
     with pytest.raises(ClientError, match="may not contain a line break"):
         render_sbatch_script(spec)
 
@@ -82,22 +83,22 @@ def test_quote_in_header_value_is_refused() -> None:
 
 
 def test_extra_arg_conflicting_with_spec_is_refused() -> None:
-    spec = JobSpec(**BASE, mem_per_node_mb=1000, extra_sbatch_args=("--mem=2G",))  # type: ignore[arg-type]
+    spec = JobSpec(**BASE, mem_per_node_mb=1000, extra_sbatch_args=("--mem=2G",))
     with pytest.raises(ClientError, match="--mem is already set by hpc-det for this job"):
         render_sbatch_script(spec)
 
 
 def test_spec_refuses_master_owned_extra_args() -> None:
     with pytest.raises(ClientError, match="--gres is set by hpc-det"):
-        JobSpec(**BASE, extra_sbatch_args=("--gres=gpu:8",))  # type: ignore[arg-type]
+        JobSpec(**BASE, extra_sbatch_args=("--gres=gpu:8",))
 
 
 def test_spec_validation() -> None:
     with pytest.raises(ClientError, match="CPU-only"):
-        JobSpec(**BASE, gpus_per_node=2, gpu_request_style="none")  # type: ignore[arg-type]
+        JobSpec(**BASE, gpus_per_node=2, gpu_request_style="none")
     with pytest.raises(ClientError, match="nodes must be a whole number"):
-        JobSpec(**BASE, nodes=0)  # type: ignore[arg-type]
+        JobSpec(**BASE, nodes=0)
     with pytest.raises(ClientError, match="not a valid environment variable name"):
-        JobSpec(**BASE, env=(("A-B", "1"),))  # type: ignore[arg-type]
+        JobSpec(**BASE, env=(("A-B", "1"),))
     with pytest.raises(ClientError, match="gpu_type"):
-        JobSpec(**BASE, gpus_per_node=1, gpu_type="a100 --uid=0")  # type: ignore[arg-type]
+        JobSpec(**BASE, gpus_per_node=1, gpu_type="a100 --uid=0")
