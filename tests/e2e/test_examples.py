@@ -1,0 +1,131 @@
+"""Every example config under examples/ runs to COMPLETED on the real local cluster, as a researcher.
+
+Experiments of one test are created together and then waited for, so they share the cluster's 4 slots.
+Each test asserts something that breaks when the example is broken: accuracy, ranks and nodes, search
+behaviour, checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import Master
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+DIGITS = EXAMPLES / "digits_pytorch"
+IRIS = EXAMPLES / "iris_pytorch"
+CORE_API = EXAMPLES / "core_api"
+DONE = {"STATE_COMPLETED", "STATE_ERROR", "STATE_CANCELED"}
+
+
+def _config(path: Path, *replacements: tuple[str, str]) -> str:
+    """The example's YAML text, with `old → new` edits (each must apply, so a stale edit fails loudly)."""
+    text = path.read_text()
+    for old, new in replacements:
+        assert old in text, f"{path.name} no longer contains {old!r}"
+        text = text.replace(old, new)
+    return text
+
+
+def _create(master: Master, headers: dict[str, str], context: Path, config: str) -> int:
+    return master.create_experiment(headers, config, context)
+
+
+def _wait_completed(
+    master: Master, headers: dict[str, str], exp: int, timeout_s: float
+) -> list[dict[str, Any]]:
+    state = master.wait_state(headers, exp, DONE, timeout_s)
+    assert state == "STATE_COMPLETED", master.diagnose(exp)
+    trials = master.trials(headers, exp)
+    assert trials and all(t["state"] == "STATE_COMPLETED" for t in trials), master.diagnose(exp)
+    return trials
+
+
+def _validations(master: Master, headers: dict[str, str], trial_id: int) -> list[dict[str, float]]:
+    rows = master.api("GET", f"/trials/{trial_id}/metrics", headers, params={"group": "validation"})[
+        "metrics"
+    ]
+    out = []
+    for row in sorted(rows, key=lambda r: int(r["stepsCompleted"])):
+        metrics = row["metrics"]
+        out.append({"steps": float(row["stepsCompleted"]), **metrics.get("avgMetrics", metrics)})
+    return out
+
+
+def _best_accuracy(master: Master, headers: dict[str, str], trials: list[dict[str, Any]]) -> float:
+    return max(v["validation_accuracy"] for t in trials for v in _validations(master, headers, t["id"]))
+
+
+def _checkpoint_dir(master: Master, trial: dict[str, Any]) -> Path:
+    assert trial["latestCheckpointUuid"], f"trial {trial['id']} has no checkpoint"
+    path = master.root / "checkpoints" / trial["latestCheckpointUuid"]
+    assert path.is_dir(), path
+    return path
+
+
+def _output(master: Master, exp: int, trial_id: int, timeout_s: float = 30) -> str:
+    """The last run's output.log once its job has ended (exit.json written): every rank's lines."""
+    trial_dir = master.root / "jobs" / f"exp-{exp}" / f"trial-{trial_id}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        runs = sorted(trial_dir.glob("run-*"), key=lambda p: int(p.name.split("-")[1]))
+        if runs and (runs[-1] / "exit.json").exists():
+            return (runs[-1] / "output.log").read_text()
+        time.sleep(0.5)
+    raise AssertionError(f"no finished run under {trial_dir}")
+
+
+# ---------------------------------------------------------------------------------------------- digits
+
+
+def test_digits_const_core_api_and_pytorch_trial_reach_90_percent(
+    master: Master, alice: dict[str, str]
+) -> None:
+    core = _create(master, alice, DIGITS, _config(DIGITS / "const.yaml"))
+    trial_api = _create(master, alice, DIGITS, _config(DIGITS / "const_trial.yaml"))
+    for exp, steps in ((core, 400), (trial_api, 9 * (1437 // 32))):
+        (trial,) = _wait_completed(master, alice, exp, 180)
+        assert trial["stepsCompleted"] == steps
+        vals = _validations(master, alice, trial["id"])
+        assert len(vals) >= 8, vals  # one point per epoch
+        assert vals[-1]["steps"] == steps
+        assert vals[-1]["validation_accuracy"] >= 0.9, vals
+        assert trial["searcherMetricValue"] == pytest.approx(vals[-1]["validation_accuracy"])
+        ckpt = _checkpoint_dir(master, trial)
+        assert (ckpt / ("state.pt" if exp == core else "state_dict.pth")).is_file()
+
+
+def test_digits_adaptive_search_stops_weak_trials_and_finds_95_percent(
+    master: Master, alice: dict[str, str]
+) -> None:
+    config = _config(DIGITS / "adaptive.yaml", ("max_trials: 12", "max_trials: 8"))
+    exp = _create(master, alice, DIGITS, config)
+    trials = _wait_completed(master, alice, exp, 300)
+    assert len(trials) == 8
+    lengths = sorted(t["stepsCompleted"] for t in trials)
+    assert lengths[0] == 100 and lengths[-1] == 400, lengths  # some stopped at the first rung, some went on
+    assert len({json.dumps(t["hparams"], sort_keys=True) for t in trials}) == 8
+    best = max(trials, key=lambda t: t["searcherMetricValue"])
+    assert best["stepsCompleted"] == 400
+    assert _best_accuracy(master, alice, trials) >= 0.95
+
+
+def test_digits_distributed_runs_4_ranks_on_2_nodes(master: Master, alice: dict[str, str]) -> None:
+    exp = _create(master, alice, DIGITS, _config(DIGITS / "distributed.yaml"))
+    (trial,) = _wait_completed(master, alice, exp, 180)
+    log = _output(master, exp, trial["id"])
+    started = set(re.findall(r"\[rank=(\d)\].*\[(node\d)\] rank (\d)/4 ", log))
+    assert {(r, r2) for r, _, r2 in started} == {(str(i), str(i)) for i in range(4)}, log[-3000:]
+    assert {node for _, node, _ in started} == {"node1", "node2"}
+    assert "[rank=0] done after 400 batches" in log
+    vals = _validations(master, alice, trial["id"])
+    assert vals[-1]["steps"] == 400 and vals[-1]["validation_accuracy"] >= 0.9, vals
+    _checkpoint_dir(master, trial)
