@@ -179,7 +179,8 @@ def prepare(
         json.dump(box.to_json(), f, indent=2, sort_keys=True)
         f.write("\n")
     os.replace(tmp, spec_path)
-    log(f"running in the image {image} ({path}) with {runtime.name}")
+    where = "" if path == image else f" ({path})"
+    log(f"running in the image {image}{where} with {runtime.name} ({program})")
     return box
 
 

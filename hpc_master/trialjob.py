@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from containers.job import container_section
+from containers.settings import default_cache_dir, pool_container
 from harness.exec import _job_plan as run_files
 from hpc_master.errors import ConfigError
 from hpc_master.expconf import (
@@ -50,6 +52,10 @@ class PoolSpec:
     mem_per_node_mb: int | None = None
     preempt_signal: str = "SIGUSR1"
     preempt_lead_s: int | None = 300  # None: no --signal
+    # Containers (master.yaml `container:`, per pool): trials run inside environment.image or this default image.
+    container_runtime: str = "apptainer"  # apptainer | singularity | none
+    container_image: str | None = None
+    image_cache_dir: str | None = None
 
 
 def pool_from_master_config(master: MasterConfig, name: str | None = None) -> PoolSpec:
@@ -80,6 +86,40 @@ def pool_from_master_config(master: MasterConfig, name: str | None = None) -> Po
         mem_per_node_mb=None if pool.mem_per_node is None else memory_bytes(pool.mem_per_node) >> 20,
         preempt_signal=master.preemption.signal,
         preempt_lead_s=master.preemption.lead_time_s,
+        **_pool_container_fields(master, pool_name),
+    )
+
+
+def _pool_container_fields(master: MasterConfig, pool_name: str) -> dict[str, Any]:
+    c = pool_container(master, pool_name)
+    return {"container_runtime": c.runtime, "container_image": c.image, "image_cache_dir": c.cache_dir}
+
+
+def _container(
+    config: ExperimentConfig, pool: PoolSpec, paths: JobPaths, gpus: bool
+) -> dict[str, Any] | None:
+    """plan.json's `container` section when the trial runs in an image (see containers.job), else None."""
+    image = config.environment.image_for("cuda" if gpus else "cpu") or pool.container_image
+    if not image:
+        return None
+    if pool.container_runtime == "none":
+        raise ConfigError(
+            f"the {pool.name!r} pool runs no container runtime (container.runtime: none), so the image "
+            f"{image!r} cannot be used",
+            field="environment.image",
+        )
+    storage = config.checkpoint_storage
+    return container_section(
+        runtime=pool.container_runtime,
+        command=None,
+        image=image,
+        cache_dir=pool.image_cache_dir or default_cache_dir(paths.job_storage_root),
+        force_pull=config.environment.force_pull_image,
+        gpus=gpus,
+        binds=[(b.host_path, b.container_path, b.read_only) for b in config.bind_mounts],
+        platform_root=paths.platform_root.rstrip("/") or "/",
+        job_storage_root=paths.job_storage_root,
+        checkpoint_root=None if isinstance(storage, DirectoryStorage) else _checkpoint_root(config, paths),
     )
 
 
@@ -273,6 +313,9 @@ def build_trial_job(
         "user_env": user_env,
         "preempt_signal": pool.preempt_signal,
     }
+    container = _container(config, pool, paths, bool(shape.gpus_per_node))
+    if container is not None:
+        plan["container"] = container
     return TrialJobPlan(
         spec=spec,
         script=render_sbatch_script(spec),

@@ -7,6 +7,8 @@
    nodes: the harness takes ``container_rank`` from ``SLURM_NODEID``);
 3. unpacks the context archive into the trial's ``work/`` directory, once per trial (refusing unsafe archives);
 4. runs ``startup-hook.sh`` with bash in ``work/`` when present; a non-zero exit fails the job;
+   with a container image (``plan["container"]``, see ``containers.job``) the image is resolved (pulled) first,
+   the hook runs inside it, and the entrypoint runs as one ``srun`` step whose tasks each enter the image;
 5. runs the entrypoint (see ``resolve_entrypoint``) in its own process group, forwarding SIGTERM, SIGINT, SIGHUP
    and the preemption signals to it (to the process alone when it is one of our launchers, which forward
    themselves; to the whole group otherwise), and waits;
@@ -23,6 +25,7 @@ import contextlib
 import datetime
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -31,6 +34,8 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from containers.job import ContainerSetupError, JobContainer, node_step_argv
+from containers.job import prepare as prepare_container
 from harness.exec import _job_plan as plan_files
 from harness.exec._job_nodes import NodeListError, container_addrs
 from harness.exec._job_unpack import DEFAULT_MAX_BYTES, UnsafeArchiveError, fingerprint, unpack_context
@@ -231,18 +236,58 @@ class Supervisor:
         return 128 - rc if rc < 0 else rc
 
 
-def run_startup_hook(sup: Supervisor, workdir: str, env: Mapping[str, str]) -> None:
+def run_startup_hook(
+    sup: Supervisor, workdir: str, env: Mapping[str, str], box: JobContainer | None = None
+) -> None:
     hook = os.path.join(workdir, plan_files.STARTUP_HOOK)
     if not os.path.isfile(hook):
         return
     log(f"running {plan_files.STARTUP_HOOK}")
-    code = sup.run(["bash", hook], cwd=workdir, env=env)
+    argv = ["bash", hook]
+    if box is not None:
+        argv, env = box.command(argv, env, pwd=workdir)
+    code = sup.run(argv, cwd=workdir, env=env)
     if code != 0 and not sup.preemption_requested:
         raise JobEntryError(
             f"{plan_files.STARTUP_HOOK} failed with exit code {code}; the entrypoint was not started "
             "(its output is above)",
             "startup_hook",
         )
+
+
+# -- container images (containers.job) -------------------------------------------------------------------------
+
+
+def enter_image(plan: Mapping[str, Any], run_dir: str, env: Mapping[str, str]) -> JobContainer | None:
+    """The plan's image, resolved (pulled when needed); None without one."""
+    try:
+        return prepare_container(plan, run_dir, env, log=log)
+    except ContainerSetupError as e:
+        raise JobEntryError(str(e), "image") from None
+
+
+def in_image(
+    box: JobContainer,
+    argv: list[str],
+    plan: Mapping[str, Any],
+    run_dir: str,
+    addrs: list[str],
+    env: dict[str, str],
+) -> tuple[list[str], dict[str, str]]:
+    """The entrypoint as one srun step whose tasks each enter the image (directly off Slurm)."""
+    if "SLURM_JOB_ID" not in env:
+        return box.command(argv, env)
+    per_slot = plan_files.tasks_per_slot(argv)
+    step = node_step_argv(
+        argv,
+        run_dir=run_dir,
+        host_python=str(plan["python"]),
+        nodes=max(1, len(addrs)),
+        tasks_per_node=int(env.get("SLURM_NTASKS_PER_NODE") or 1) if per_slot else 1,
+        mpi=per_slot,
+        srun_args=shlex.split(env.get("DET_SRUN_ARGS", "")),
+    )
+    return step, env
 
 
 # -- the exit record --------------------------------------------------------------------------------------------
@@ -295,20 +340,25 @@ def run_job(run_dir: str, base_env: Mapping[str, str]) -> tuple[int, dict[str, A
         env = build_environment(plan, token, base_env, addrs)
         stage = "context"
         workdir = prepare_workdir(plan)
+        stage = "image"
+        box = enter_image(plan, run_dir, env)
         stage = "startup_hook"
-        run_startup_hook(sup, workdir, env)
+        run_startup_hook(sup, workdir, env, box)
         stage = "entrypoint"
         if sup.preemption_requested:
             reason = "preempted before the entrypoint started"
             return 0, exit_record(code=0, stage=stage, reason=reason, preempted=True, signum=sup.first_signal)
         try:
             argv = plan_files.resolve_entrypoint(
-                plan["entrypoint"], int(plan["slots_per_trial"]), plan["python"]
+                plan["entrypoint"], int(plan["slots_per_trial"]), box.python if box else plan["python"]
             )
         except ValueError as e:
             raise JobEntryError(str(e), stage) from None
         launcher = plan_files.launcher_of(argv) or ""
         ours = launcher.startswith(("launchers.", "determined.launch."))
+        if box is not None:
+            argv, env = in_image(box, argv, plan, run_dir, addrs, env)
+            ours = True  # srun (or the runtime) forwards signals to what runs inside
         log(f"running {' '.join(argv)} in {workdir}")
         code = sup.run(argv, cwd=workdir, env=env, group=not ours)
     except JobEntryError as e:

@@ -201,6 +201,7 @@ class JobDriver:
                 cluster_id=self.cluster_id,
             )
             write_run_dir(plan, uid=uid, gid=gid)
+            _ensure_image_cache(plan.plan)
             if sub.context:
                 _write_context_once(Path(trial_dir) / CONTEXT_FILE, sub.context, uid, gid)
             job_id = self.cli.submit(plan.script, as_user=as_user)
@@ -283,6 +284,15 @@ class JobDriver:
             trial_id, run_number, status.job_id, reason, outcome.trial_state,
             ", resubmitting" if outcome.resubmit else "",
         )  # fmt: skip
+
+
+def _ensure_image_cache(plan: dict[str, Any]) -> None:
+    """A trial in a pulled image needs the pool's cache directory, which its owner may not be able to create."""
+    cache_dir = (plan.get("container") or {}).get("cache_dir")
+    if cache_dir:
+        from containers.images import ensure_cache_dir
+
+        ensure_cache_dir(str(cache_dir))
 
 
 def _read_exit(path: Path) -> dict[str, Any] | None:
