@@ -45,4 +45,5 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   } >"$VENV/bootstrap.log" 2>&1 || { tail -40 "$VENV/bootstrap.log"; echo "bootstrap: pip failed" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi
+scripts/install_apptainer.sh  # Apptainer in a private prefix (Debian 12 has none); fast when already installed
 echo "bootstrap: ready ($("$VENV/bin/python" --version), $VENV)"
