@@ -102,11 +102,16 @@ poll_interval_s: 1
                 self.proc.kill()
 
     def live_job_ids(self) -> list[str]:
+        return self.job_ids(live_only=True)
+
+    def job_ids(self, *, live_only: bool = False) -> list[str]:
+        """The Slurm job ids of this master's trial runs (job names repeat across masters)."""
         import sqlite3
 
+        where = "state IN ('PENDING', 'RUNNING') AND " if live_only else ""
         with sqlite3.connect(self.root / "master.db") as db:
             rows = db.execute(
-                "SELECT slurm_job_id FROM trial_runs WHERE state IN ('PENDING', 'RUNNING') AND slurm_job_id IS NOT NULL"
+                f"SELECT slurm_job_id FROM trial_runs WHERE {where}slurm_job_id IS NOT NULL"
             ).fetchall()
         return [str(r[0]) for r in rows]
 

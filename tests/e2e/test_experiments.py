@@ -67,7 +67,7 @@ def test_const_experiment_runs_as_the_researcher_and_completes(master: Master, a
     training = _metrics(master, alice, trial["id"], "training")
     assert sorted(int(m["stepsCompleted"]) for m in training) == list(range(1, 21))
     assert trial["latestCheckpointUuid"]
-    assert _sacct_users(f"det-e{exp}-") == {master.researcher.name}
+    assert _sacct_users(master.job_ids()) == {master.researcher.name}
 
 
 def test_async_halving_pauses_and_resumes_trials_and_picks_the_best(
