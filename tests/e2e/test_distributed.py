@@ -137,3 +137,32 @@ def test_a_failing_rank_stops_the_whole_trial_promptly(master: Master, alice: di
     assert "RuntimeError: rank 3 fails on purpose" in log
     assert ended - float(m.group(1)) < 30, f"the trial took {ended - float(m.group(1)):.0f} s to stop\n{log}"
     assert _no_jobs_left(master, exp)
+
+
+# -- mpi4py through the mpi launcher ----------------------------------------------------------------------------
+MPI = """
+name: e2e-mpi
+entrypoint: python3 -m launchers.mpi python3 mpi_check.py
+resources: {slots_per_trial: 4}
+searcher: {name: single, metric: allreduce, max_length: {batches: 1}}
+max_restarts: 0
+"""
+
+
+def test_mpi4py_allreduce_across_two_nodes_through_the_mpi_launcher(master: Master, alice: dict[str, str]) -> None:
+    exp = master.create_experiment(alice, MPI, CONTEXTS / "mpi")
+    assert master.wait_state(alice, exp, TERMINAL, 180) == "STATE_COMPLETED", master.diagnose(exp)
+    trial = _only_trial(master, alice, exp)
+    (log,) = _run_logs(master, exp, trial["id"])
+    rows = _results(log)
+    assert sorted(rows) == [0, 1, 2, 3], log
+    hosts = [rows[i]["host"] for i in range(4)]
+    assert len(set(hosts)) == 2 and hosts[0] == hosts[1] and hosts[2] == hosts[3], log
+    for prefix_rank, r in rows.items():
+        assert r["rank"] == r["core_rank"] == prefix_rank and r["size"] == 4
+        assert r["allreduce"] == 1 + 2 + 3 + 4
+        assert r["hosts"] == hosts
+        assert r["gathered"] == [0, 1, 2, 3]
+        assert r["local_rank"] == prefix_rank % 2 and r["cross_rank"] == prefix_rank // 2
+    (val,) = _metrics(master, alice, trial["id"], "validation")
+    assert val["metrics"]["avgMetrics"]["allreduce"] == 10
