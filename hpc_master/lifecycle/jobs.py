@@ -204,20 +204,37 @@ class JobDriver:
             _ensure_image_cache(plan.plan)
             if sub.context:
                 _write_context_once(Path(trial_dir) / CONTEXT_FILE, sub.context, uid, gid)
-            job_id = self.cli.submit(plan.script, as_user=as_user)
-        except (ClientError, SlurmError, OSError) as e:
+            job_id = self._sbatch(plan.script, plan.spec.comment, as_user)
+        except (ClientError, OSError) as e:
             # Refused by us or by Slurm (bad partition, over a limit): the trial fails with the reason.
-            # An ambiguous sbatch failure would leave a job we do not know; SlurmCli reports those as
-            # SlurmError only after ruling out that the controller accepted the job.
             log.warning("submitting trial %s failed: %s", sub.trial_id, e)
             with self._tx() as s:
                 svc.finish_trial_run(s, sub.run_id, TerminationReason.SUBMIT_FAILED, str(e))
+            return False
+        except SlurmError as e:
+            # Slurm could not be asked (controller down): the run is lost, not the trial; it is resubmitted
+            # from its latest checkpoint while restarts last.
+            log.warning("submitting trial %s failed: %s", sub.trial_id, e)
+            with self._tx() as s:
+                svc.finish_trial_run(s, sub.run_id, TerminationReason.JOB_LOST, f"sbatch failed: {e}")
             return False
         with self._tx() as s:
             svc.start_trial_run(s, sub.run_id, job_id, log_path=plan.output_path)
         self.poller.watch(job_id)
         log.info("trial %s run %s submitted as Slurm job %s", sub.trial_id, sub.run_number, job_id)
         return True
+
+    def _sbatch(self, script: str, comment: str, as_user: str | None) -> str:
+        """Submit; after an ambiguous failure (the controller may have accepted the job) adopt the job
+        carrying this run's comment rather than submit a second one."""
+        try:
+            return self.cli.submit(script, as_user=as_user)
+        except SlurmError as e:  # a refusal (SubmitRefusedError) is a ClientError and passes through
+            found = self.cli.find_by_comment(comment, user=as_user)
+            if found:
+                log.info("sbatch failed (%s) but Slurm has job %s for %s: adopting it", e, found[0], comment)
+                return found[0]
+            raise
 
     # ---- stop -----------------------------------------------------------------------------------------
     def cancel_stopped(self) -> None:
