@@ -46,7 +46,8 @@ if ((${#need[@]})); then
 fi
 
 WORK=$(mktemp -d /var/tmp/hpc-det-apptainer.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT  # the temporary unstable sources go with it, whatever happens
+NEW="$PREFIX.new"
+trap 'rm -rf "$WORK" "$NEW"' EXIT  # the temporary unstable sources go with it, whatever happens
 
 # The Debian mirror this machine already uses, so that no host name is written here.
 mirror=$(
@@ -77,7 +78,6 @@ for deb in "$WORK"/debs/*.deb; do
 done
 
 # Build the new tree beside the old one and swap it in, so that a failed run leaves any earlier install intact.
-NEW="$PREFIX.new"
 rm -rf "$NEW"
 mkdir -p "$NEW/lib" "$NEW/usr/etc" "$NEW/usr/var/lib/apptainer/mnt/session"
 cp -a "$WORK/root/usr/bin" "$WORK/root/usr/lib" "$NEW/usr/"
