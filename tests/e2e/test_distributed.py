@@ -78,6 +78,16 @@ def _no_jobs_left(master: Master, exp: int) -> bool:
     return not any(name.startswith(f"det-e{exp}-") for name in out.split())
 
 
+def _wait_no_jobs(master: Master, exp: int, timeout_s: float = 20) -> None:
+    """Slurm forgets a job a moment after it ends (COMPLETING): nothing of the experiment may stay longer."""
+    deadline = time.monotonic() + timeout_s
+    while not _no_jobs_left(master, exp):
+        assert time.monotonic() < deadline, (
+            f"experiment {exp} still has jobs in Slurm\n{master.diagnose(exp)}"
+        )
+        time.sleep(0.5)
+
+
 # -- torch DDP + Core API collectives, 2 nodes × 2 ranks -----------------------------------------------------
 DDP = """
 name: e2e-ddp
@@ -136,7 +146,7 @@ def test_a_failing_rank_stops_the_whole_trial_promptly(master: Master, alice: di
     assert m, log
     assert "RuntimeError: rank 3 fails on purpose" in log
     assert ended - float(m.group(1)) < 30, f"the trial took {ended - float(m.group(1)):.0f} s to stop\n{log}"
-    assert _no_jobs_left(master, exp)
+    _wait_no_jobs(master, exp)
 
 
 # -- mpi4py through the mpi launcher ----------------------------------------------------------------------------
@@ -149,7 +159,9 @@ max_restarts: 0
 """
 
 
-def test_mpi4py_allreduce_across_two_nodes_through_the_mpi_launcher(master: Master, alice: dict[str, str]) -> None:
+def test_mpi4py_allreduce_across_two_nodes_through_the_mpi_launcher(
+    master: Master, alice: dict[str, str]
+) -> None:
     exp = master.create_experiment(alice, MPI, CONTEXTS / "mpi")
     assert master.wait_state(alice, exp, TERMINAL, 180) == "STATE_COMPLETED", master.diagnose(exp)
     trial = _only_trial(master, alice, exp)
@@ -166,3 +178,42 @@ def test_mpi4py_allreduce_across_two_nodes_through_the_mpi_launcher(master: Mast
         assert r["local_rank"] == prefix_rank % 2 and r["cross_rank"] == prefix_rank // 2
     (val,) = _metrics(master, alice, trial["id"], "validation")
     assert val["metrics"]["avgMetrics"]["allreduce"] == 10
+
+
+# -- Determined's Core API tutorial, unmodified, with a pause in the middle -----------------------------------
+TUTORIAL = """
+name: e2e-core-tutorial
+entrypoint: python3 model_def.py --log-interval 1
+hyperparameters:
+  global_batch_size: 8
+  learning_rate: 1.0
+  n_hidden: 16
+  dropout1: 0.25
+  sleep_s: 0.25
+records_per_epoch: 64
+searcher: {name: single, metric: test_loss, smaller_is_better: true, max_length: {epochs: 6}}
+max_restarts: 0
+"""
+
+
+def test_core_api_tutorial_runs_unmodified_through_a_pause_and_activate(
+    master: Master, alice: dict[str, str]
+) -> None:
+    exp = master.create_experiment(alice, TUTORIAL, CONTEXTS / "core_tutorial")
+    _wait_trial(master, alice, exp, lambda t: t["stepsCompleted"] >= 12, "training to start", 240)
+    master.api("POST", f"/experiments/{exp}/pause", alice)
+    paused = _wait_trial(master, alice, exp, lambda t: t["state"] == "STATE_PAUSED", "the pause")
+    _wait_no_jobs(master, exp)  # the job checkpointed and exited, freeing the nodes
+    assert 16 <= paused["stepsCompleted"] < 48, "the pause did not land mid-training"
+    master.api("POST", f"/experiments/{exp}/activate", alice)
+    assert master.wait_state(alice, exp, TERMINAL, 240) == "STATE_COMPLETED", master.diagnose(exp)
+    trial = _only_trial(master, alice, exp)
+    first, second = _run_logs(master, exp, trial["id"])
+    assert "preempted after epoch" in first and "Traceback" not in first
+    assert "resumed from" in second and "Traceback" not in second
+    steps = _steps(master, alice, trial["id"])
+    assert steps == list(range(1, 49))  # every batch reported once: nothing lost, nothing repeated
+    assert _steps(master, alice, trial["id"], "validation") == [8, 16, 24, 32, 40, 48]
+    assert trial["stepsCompleted"] == 48
+    ckpt = master.api("GET", f"/checkpoints/{trial['latestCheckpointUuid']}", alice)["checkpoint"]
+    assert ckpt["metadata"]["steps_completed"] == 48
