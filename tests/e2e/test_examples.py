@@ -129,3 +129,91 @@ def test_digits_distributed_runs_4_ranks_on_2_nodes(master: Master, alice: dict[
     vals = _validations(master, alice, trial["id"])
     assert vals[-1]["steps"] == 400 and vals[-1]["validation_accuracy"] >= 0.9, vals
     _checkpoint_dir(master, trial)
+
+
+# ---------------------------------------------------------------------------------------------- iris
+
+
+def test_iris_const_and_adaptive(master: Master, alice: dict[str, str]) -> None:
+    const = _create(master, alice, IRIS, _config(IRIS / "const.yaml"))
+    adaptive = _create(
+        master, alice, IRIS, _config(IRIS / "adaptive.yaml", ("max_trials: 16", "max_trials: 6"))
+    )
+    (trial,) = _wait_completed(master, alice, const, 180)
+    vals = _validations(master, alice, trial["id"])
+    assert [v["steps"] for v in vals] == [200.0 * i for i in range(1, 11)]  # min_validation_period
+    assert vals[-1]["validation_accuracy"] >= 0.9, vals
+    _checkpoint_dir(master, trial)
+    trials = _wait_completed(master, alice, adaptive, 300)
+    assert len(trials) == 6
+    lengths = sorted(t["stepsCompleted"] for t in trials)
+    assert lengths[0] < 2000 and lengths[-1] == 2000, lengths
+    assert _best_accuracy(master, alice, trials) >= 0.9
+
+
+# ---------------------------------------------------------------------------------------------- Core API tutorial
+
+
+def _training_steps(master: Master, headers: dict[str, str], trial_id: int) -> list[int]:
+    rows = master.api("GET", f"/trials/{trial_id}/metrics", headers, params={"group": "training"})["metrics"]
+    return sorted(int(r["stepsCompleted"]) for r in rows)
+
+
+def test_core_api_tutorial_stages(master: Master, alice: dict[str, str]) -> None:
+    exps = {
+        stage: _create(master, alice, CORE_API, _config(CORE_API / f"{stage}.yaml"))
+        for stage in ("0_start", "1_metrics", "2_checkpoints", "3_hpsearch", "4_distributed")
+    }
+    # 0: a plain script; nothing reported, but its output is kept.
+    (t0,) = _wait_completed(master, alice, exps["0_start"], 180)
+    assert "done: w=" in _output(master, exps["0_start"], t0["id"])
+    assert _training_steps(master, alice, t0["id"]) == []
+    # 1: metrics every 20 steps and a final validation loss.
+    (t1,) = _wait_completed(master, alice, exps["1_metrics"], 180)
+    assert _training_steps(master, alice, t1["id"]) == list(range(20, 201, 20))
+    assert _validations(master, alice, t1["id"])[-1]["validation_loss"] < 0.05
+    # 2: checkpoints with steps_completed; the latest holds the final state.
+    (t2,) = _wait_completed(master, alice, exps["2_checkpoints"], 180)
+    state = json.loads((_checkpoint_dir(master, t2) / "state.json").read_text())
+    assert state["steps_completed"] == 200 and abs(state["w"] - 3.0) < 0.1
+    # 3: adaptive ASHA stops some trials at the first rung; the best trains the full length.
+    trials = _wait_completed(master, alice, exps["3_hpsearch"], 300)
+    assert len(trials) == 8
+    lengths = sorted(t["stepsCompleted"] for t in trials)
+    assert lengths[0] == 50 and lengths[-1] == 200, lengths
+    best = min(trials, key=lambda t: t["searcherMetricValue"])
+    assert best["stepsCompleted"] == 200 and best["searcherMetricValue"] < 0.05
+    # 4: four ranks on two nodes, all in step; the chief alone reports.
+    (t4,) = _wait_completed(master, alice, exps["4_distributed"], 240)
+    log = _output(master, exps["4_distributed"], t4["id"])
+    ranks = set(re.findall(r"\[rank=(\d)\] rank (\d) of 4 on (node\d)", log))
+    assert {(a, b) for a, b, _ in ranks} == {(str(i), str(i)) for i in range(4)}, log[-3000:]
+    assert {node for _, _, node in ranks} == {"node1", "node2"}
+    assert _training_steps(master, alice, t4["id"]) == list(range(20, 201, 20))
+    assert _validations(master, alice, t4["id"])[-1]["validation_loss"] < 0.05
+
+
+def test_core_api_stage_2_pauses_and_resumes_from_its_checkpoint(
+    master: Master, alice: dict[str, str]
+) -> None:
+    exp = _create(master, alice, CORE_API, _config(CORE_API / "2_checkpoints.yaml"))
+    deadline = time.monotonic() + 120
+    while not (master.trials(alice, exp) and master.trials(alice, exp)[0]["stepsCompleted"] >= 40):
+        assert time.monotonic() < deadline, master.diagnose(exp)
+        time.sleep(0.3)
+    master.api("POST", f"/experiments/{exp}/pause", alice)
+    deadline = time.monotonic() + 60
+    while master.trials(alice, exp)[0]["state"] != "STATE_PAUSED":  # the job checkpoints and exits
+        assert time.monotonic() < deadline, master.diagnose(exp)
+        time.sleep(0.3)
+    first_run = _output(master, exp, master.trials(alice, exp)[0]["id"])
+    preempted = re.search(r"preempted at step (\d+)", first_run)
+    assert preempted, first_run[-2000:]
+    paused_at = int(preempted.group(1))
+    assert 40 <= paused_at < 200
+    master.api("POST", f"/experiments/{exp}/activate", alice)
+    (trial,) = _wait_completed(master, alice, exp, 180)
+    log = _output(master, exp, trial["id"])
+    assert re.search(rf"resumed from checkpoint [0-9a-f-]{{36}} at step {paused_at}\b", log), log[-2000:]
+    steps = _training_steps(master, alice, trial["id"])
+    assert steps == list(range(20, 201, 20))  # no step reported twice, none missing
