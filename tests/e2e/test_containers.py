@@ -112,11 +112,12 @@ def _assert_completed_with_metrics_and_checkpoint(
     return dict(trial)
 
 
-def _assert_inside(row: dict[str, Any], cuda: str) -> None:
+def _assert_inside(row: dict[str, Any], gpus: int) -> None:
     assert row["variant"] == "hpc-det-test" and row["marker"].startswith("hpc-det-test-image ")
     assert row["python"] == "/usr/bin/python3"  # the image's interpreter, not the platform's venv
     assert row["bind_content"] == "hello from the host" and row["bind_writable"] is False  # read_only: true
-    assert row["cuda"] == cuda
+    # Slurm's GPUs for the step (which ones depends on what else runs on the node), passed in past --cleanenv.
+    assert row["cuda"] and len(row["cuda"].split(",")) == gpus and row["cuda"] == row["step_gpus"]
     assert row["user_var"] == "a,b"
 
 
@@ -128,7 +129,7 @@ def test_single_slot_trial_runs_inside_the_image(
     trial = _assert_completed_with_metrics_and_checkpoint(master, alice, exp)
     rows = _seen(master, exp, trial["id"])
     assert sorted(rows) == [0], master.diagnose(exp)
-    _assert_inside(rows[0], cuda="0")
+    _assert_inside(rows[0], gpus=1)
     assert not (data_dir / "written-from-the-trial").exists()
 
 
@@ -153,7 +154,7 @@ def test_two_node_trial_runs_each_node_inside_the_image(
     assert {rows[r]["host"] for r in (0, 1)} == {"node1"} and {rows[r]["host"] for r in (2, 3)} == {"node2"}
     for row in rows.values():
         assert row["size"] == 4
-        _assert_inside(row, cuda="0,1")
+        _assert_inside(row, gpus=2)
 
 
 @pytest.mark.slurm

@@ -45,6 +45,7 @@ def main(core_context):
                 "bind_content": content,
                 "bind_writable": writable,
                 "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "step_gpus": os.environ.get("SLURM_STEP_GPUS"),
                 "python": sys.executable,
                 "user_var": os.environ.get("FROM_CONFIG"),
             }
