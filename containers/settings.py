@@ -21,6 +21,7 @@ class PoolContainer:
     runtime: str  # apptainer | singularity | none
     image: str | None  # the pool's default image
     cache_dir: str | None  # None: default_cache_dir(job storage root)
+    command: str | None = None  # the runtime's executable; None: the runtime's name on PATH
 
 
 def default_cache_dir(job_storage_root: str) -> str:
@@ -41,5 +42,6 @@ def pool_container(master: MasterConfig, pool_name: str | None = None) -> PoolCo
     return PoolContainer(
         runtime=str(pick("runtime")),
         image=str(pick("image")) if pick("image") else None,
+        command=str(pick("command")) if pick("command") else None,
         cache_dir=str(cache) if cache else None,
     )

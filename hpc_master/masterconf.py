@@ -43,6 +43,8 @@ class TlsConfig(StrictModel):
 
 class ContainerConfig(StrictModel):
     runtime: Literal["apptainer", "singularity", "none"] = "apptainer"
+    command: str | None = None
+    """The runtime's executable when it is not `apptainer`/`singularity` on PATH (e.g. a site module path)."""
     image: str | None = None
     image_cache_dir: Path | None = None
 

@@ -54,6 +54,7 @@ class PoolSpec:
     preempt_lead_s: int | None = 300  # None: no --signal
     # Containers (master.yaml `container:`, per pool): trials run inside environment.image or this default image.
     container_runtime: str = "apptainer"  # apptainer | singularity | none
+    container_command: str | None = None  # the runtime's executable, when not the runtime's name on PATH
     container_image: str | None = None
     image_cache_dir: str | None = None
 
@@ -92,7 +93,12 @@ def pool_from_master_config(master: MasterConfig, name: str | None = None) -> Po
 
 def _pool_container_fields(master: MasterConfig, pool_name: str) -> dict[str, Any]:
     c = pool_container(master, pool_name)
-    return {"container_runtime": c.runtime, "container_image": c.image, "image_cache_dir": c.cache_dir}
+    return {
+        "container_runtime": c.runtime,
+        "container_command": c.command,
+        "container_image": c.image,
+        "image_cache_dir": c.cache_dir,
+    }
 
 
 def _container(
@@ -111,7 +117,7 @@ def _container(
     storage = config.checkpoint_storage
     return container_section(
         runtime=pool.container_runtime,
-        command=None,
+        command=pool.container_command,
         image=image,
         cache_dir=pool.image_cache_dir or default_cache_dir(paths.job_storage_root),
         force_pull=config.environment.force_pull_image,

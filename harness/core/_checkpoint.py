@@ -215,7 +215,7 @@ class CheckpointContext:
                 "uuid": storage_id,
                 "trialId": self._trial_id,
                 "trialRunId": self._run_id,
-                "reportTime": datetime.datetime.now(datetime.UTC).isoformat(),
+                "reportTime": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 "resources": resources,
                 "metadata": metadata,
                 "state": "COMPLETED",

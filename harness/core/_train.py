@@ -20,7 +20,7 @@ class EarlyExitReason(enum.Enum):
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat()
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
 
 
 class TrainContext:

@@ -301,7 +301,7 @@ def exit_record(*, code: int, stage: str, reason: str, preempted: bool, signum: 
         "reason": reason,
         "stage": stage,
         "slurmJobId": os.environ.get("SLURM_JOB_ID"),
-        "finishedAt": datetime.datetime.now(datetime.UTC)
+        "finishedAt": datetime.datetime.now(datetime.timezone.utc)
         .isoformat(timespec="seconds")
         .replace("+00:00", "Z"),
     }

@@ -298,3 +298,19 @@ def test_container_section_binds_platform_code_read_only() -> None:
     # The experiment's own bind of the same container path wins; the code is read-only.
     assert section["binds"] == [["/jobs", "/jobs", True], ["/code", "/code", True]]
     assert section["force_pull"] is True
+
+
+def test_the_runtime_command_comes_from_the_master_config() -> None:
+    """An admin points a pool at a site's own build (e.g. a module path) with `container.command`."""
+    from containers.settings import pool_container
+    from hpc_master.masterconf import parse_master_config
+
+    master = parse_master_config(
+        {
+            "container": {"runtime": "singularity", "command": "/opt/site/bin/singularity"},
+            "resource_pools": {"default": {}, "gpu": {"container": {"runtime": "apptainer"}}},
+        }
+    )
+    assert pool_container(master, "default").command == "/opt/site/bin/singularity"
+    gpu = pool_container(master, "gpu")
+    assert gpu.runtime == "apptainer" and gpu.command == "/opt/site/bin/singularity"  # inherited key by key
