@@ -100,18 +100,32 @@ def ensure_exit_dir() -> pathlib.Path:
 
 
 def record_exit(rank: int, exit_code: int, signalled: bool) -> None:
+    """Record a rank's exit in ``DET_RANK_EXIT_DIR`` (with its node, ``SLURM_NODEID``, when under srun)."""
     raw = os.environ.get(EXIT_DIR_ENV)
     if not raw:
         return
+    record: dict[str, object] = {
+        "rank": rank,
+        "exit_code": exit_code,
+        "signalled": signalled,
+        "time": time.time(),
+    }
+    node = os.environ.get("SLURM_NODEID", "")
+    if node.isdigit():
+        record["node"] = int(node)
     try:
         path = pathlib.Path(raw) / f"rank-{rank}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps({"rank": rank, "exit_code": exit_code, "signalled": signalled, "time": time.time()})
-        )
+        tmp.write_text(json.dumps(record))
         os.replace(tmp, path)
     except OSError:
         pass
+
+
+def node_ranks_exited_cleanly(exit_dir: pathlib.Path, node: int, expected: int) -> bool:
+    """True when ``expected`` ranks recorded for ``node`` all exited 0."""
+    mine = [r for r in _exit_records(exit_dir) if r.get("node") == node]
+    return len(mine) == expected and all(r.get("exit_code") == 0 for r in mine)
 
 
 def _exit_records(exit_dir: pathlib.Path) -> list[dict[str, object]]:
@@ -155,11 +169,17 @@ def run_and_report(
     *,
     on_signal: Callable[[subprocess.Popen[bytes], int], None] | None = None,
     preexec_fn: Callable[[], None] | None = None,
+    signals_seen: list[int] | None = None,
 ) -> int:
-    """Run ``cmd`` forwarding signals; exit with the first failed rank's exit code when a rank failed."""
+    """Run ``cmd`` forwarding signals; exit with the first failed rank's exit code when a rank failed.
+
+    The signals received meanwhile are appended to ``signals_seen`` when given.
+    """
     proc = subprocess.Popen(cmd, preexec_fn=preexec_fn)
 
     def forward(signum: int) -> None:
+        if signals_seen is not None:
+            signals_seen.append(signum)
         if on_signal is not None:
             on_signal(proc, signum)
         else:

@@ -15,6 +15,10 @@ and on every node (``--node``, or when already inside an ``srun`` task, or off S
 
 torchrun stops the other ranks of a node when one fails; ``srun --kill-on-bad-exit=1`` stops the other nodes.
 The launcher exits with the exit code of the rank that failed first.
+
+Slurm preemption sends SIGTERM to every process of the job's steps: the ranks checkpoint and exit 0, but
+torchrun, signalled too, exits non-zero however cleanly its workers ended. A node whose ranks all recorded
+exit code 0 after a stop signal therefore exits 0, so the job counts as preempted rather than failed.
 """
 
 from __future__ import annotations
@@ -27,7 +31,15 @@ import signal
 import subprocess
 import sys
 
-from launchers._common import children_of, ensure_exit_dir, in_slurm_allocation, in_srun_step, run_and_report
+from launchers._common import (
+    STOP_SIGNALS,
+    children_of,
+    ensure_exit_dir,
+    in_slurm_allocation,
+    in_srun_step,
+    node_ranks_exited_cleanly,
+    run_and_report,
+)
 
 C10D_PORT_BASE = 29400
 
@@ -165,7 +177,18 @@ def run_node(overrides: list[str], script: list[str]) -> int:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
 
-    return run_and_report(cmd, exit_dir, on_signal=on_signal, preexec_fn=_ignore_usr1)
+    seen: list[int] = []
+    rc = run_and_report(cmd, exit_dir, on_signal=on_signal, preexec_fn=_ignore_usr1, signals_seen=seen)
+    stopped_by = [s for s in seen if s in STOP_SIGNALS]
+    if rc != 0 and stopped_by and node_ranks_exited_cleanly(exit_dir, node_rank, slots):
+        name = signal.Signals(stopped_by[0]).name
+        print(
+            f"[launcher] torchrun exited with code {rc} after {name}, but all {slots} ranks of node "
+            f"{node_rank} exited 0: the node stopped cleanly",
+            flush=True,
+        )
+        return 0
+    return rc
 
 
 def main(argv: list[str] | None = None) -> int:

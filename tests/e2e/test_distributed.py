@@ -217,3 +217,95 @@ def test_core_api_tutorial_runs_unmodified_through_a_pause_and_activate(
     assert trial["stepsCompleted"] == 48
     ckpt = master.api("GET", f"/checkpoints/{trial['latestCheckpointUuid']}", alice)["checkpoint"]
     assert ckpt["metadata"]["steps_completed"] == 48
+
+
+# -- a PyTorchTrial on 1 and 4 slots, preempted and resumed ---------------------------------------------------
+TRIAL = """
+name: e2e-trial-{slots}
+entrypoint: model_def:MyTrial
+hyperparameters: {{global_batch_size: 8, lr: 0.02, sleep_s: {sleep_s}}}
+resources: {{slots_per_trial: {slots}}}
+searcher: {{name: single, metric: val_loss, smaller_is_better: true, max_length: {{batches: 60}}}}
+min_validation_period: {{batches: 20}}
+min_checkpoint_period: {{batches: 20}}
+scheduling_unit: 5
+max_restarts: 0
+"""
+
+
+def _trained_batches(master: Master, headers: dict[str, str], trial_id: int) -> int:
+    """Batches actually trained, over every run: each training report carries one entry per batch."""
+    return sum(
+        len(m["metrics"].get("batchMetrics") or []) for m in _metrics(master, headers, trial_id, "training")
+    )
+
+
+def _assert_finished_like_uninterrupted(master: Master, headers: dict[str, str], exp: int) -> dict[str, Any]:
+    assert master.wait_state(headers, exp, TERMINAL, 300) == "STATE_COMPLETED", master.diagnose(exp)
+    trial = _only_trial(master, headers, exp)
+    steps = _steps(master, headers, trial["id"])
+    assert steps == sorted(set(steps)) and steps[-1] == 60, steps  # no step reported twice
+    assert _trained_batches(master, headers, trial["id"]) == 60  # no batch trained twice or skipped
+    assert _steps(master, headers, trial["id"], "validation") == [20, 40, 60]
+    assert trial["stepsCompleted"] == 60
+    ckpt = master.api("GET", f"/checkpoints/{trial['latestCheckpointUuid']}", headers)["checkpoint"]
+    assert ckpt["metadata"]["steps_completed"] == 60
+    return trial
+
+
+def _final_val_loss(master: Master, headers: dict[str, str], trial_id: int) -> float:
+    return float(_metrics(master, headers, trial_id, "validation")[-1]["metrics"]["avgMetrics"]["val_loss"])
+
+
+def test_pytorch_trial_on_one_slot_paused_and_resumed_ends_like_an_uninterrupted_run(
+    master: Master, alice: dict[str, str]
+) -> None:
+    config = TRIAL.format(slots=1, sleep_s=0.2)
+    paused_exp = master.create_experiment(alice, config, CONTEXTS / "trial")
+    straight_exp = master.create_experiment(
+        alice, config.replace("e2e-trial-1", "e2e-trial-1-straight"), CONTEXTS / "trial"
+    )
+    _wait_trial(master, alice, paused_exp, lambda t: t["stepsCompleted"] >= 25, "25 batches", 240)
+    master.api("POST", f"/experiments/{paused_exp}/pause", alice)
+    paused = _wait_trial(master, alice, paused_exp, lambda t: t["state"] == "STATE_PAUSED", "the pause")
+    assert 25 <= paused["stepsCompleted"] < 60
+    master.api("POST", f"/experiments/{paused_exp}/activate", alice)
+    trial = _assert_finished_like_uninterrupted(master, alice, paused_exp)
+    straight = _assert_finished_like_uninterrupted(master, alice, straight_exp)
+    logs = _run_logs(master, paused_exp, trial["id"])
+    assert len(logs) == 2 and "resumed from" in logs[1], logs[-1][-3000:]
+    assert len(_run_logs(master, straight_exp, straight["id"])) == 1
+    # The resume restored model, optimizer, RNG and data position: the same batches, the same result.
+    assert _final_val_loss(master, alice, trial["id"]) == pytest.approx(
+        _final_val_loss(master, alice, straight["id"]), rel=1e-5
+    )
+
+
+def test_pytorch_trial_on_four_slots_survives_slurm_preemption_signals(
+    master: Master, alice: dict[str, str]
+) -> None:
+    exp = master.create_experiment(alice, TRIAL.format(slots=4, sleep_s=0.3), CONTEXTS / "trial")
+    _wait_trial(master, alice, exp, lambda t: t["stepsCompleted"] >= 25, "25 batches", 240)
+    trial_id = _only_trial(master, alice, exp)["id"]
+    job = subprocess.run(
+        ["squeue", "-h", "-u", master.researcher.name, "-n", f"det-e{exp}-t{trial_id}", "-o", "%i"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert len(job) == 1
+    # What Slurm's preemption does first (slurmctld's job_signal(SIGTERM) without KILL_FULL_JOB): SIGTERM to
+    # every process of the job's steps on both nodes; not to the batch step, where srun would turn it into
+    # SIGKILL for every task.
+    subprocess.run(["scancel", "--signal=TERM", job[0]], check=True)
+    signalled = time.monotonic()
+    exit_file = master.root / "jobs" / f"exp-{exp}" / f"trial-{trial_id}" / "run-1" / "exit.json"
+    while not exit_file.exists():  # it must checkpoint and stop before the partition's GraceTime (10 s) ends
+        assert time.monotonic() - signalled < 10, f"still running after 10 s\n{master.diagnose(exp)}"
+        time.sleep(0.2)
+    assert json.loads(exit_file.read_text())["preempted"] is True
+    trial = _assert_finished_like_uninterrupted(master, alice, exp)
+    assert trial["restarts"] == 0  # a preemption is not a failure
+    logs = _run_logs(master, exp, trial["id"])
+    assert len(logs) == 2 and "resumed from" in logs[1], logs[-1][-3000:]
+    assert "preempted" in logs[0]
+    ranks = {int(r) for r in re.findall(r"^\[rank=(\d)\]", logs[1], re.M)}
+    assert ranks == {0, 1, 2, 3}
