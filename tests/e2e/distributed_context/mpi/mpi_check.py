@@ -7,9 +7,8 @@ the hosts, and the Core API's allgather of the ranks (DistributedContext.from_mp
 import json
 import socket
 
-from mpi4py import MPI
-
 import determined as det
+from mpi4py import MPI
 
 
 def main(core_context, comm):
