@@ -8,8 +8,8 @@ import socket
 import time
 
 from slurm_backend.local.cluster import down, status, up
-from slurm_backend.local.system import LocalClusterError
 from slurm_backend.local.spec import LocalClusterSpec, get_state_dir
+from slurm_backend.local.system import LocalClusterError
 
 __all__ = ["LocalClusterError", "register"]
 
