@@ -129,7 +129,12 @@ def parse_args(args: list[str]) -> tuple[bool, list[str], list[str]]:
 
 
 def node_facts() -> tuple[int, int, int, str]:
-    """(nnodes, node_rank, slots on this node, rendezvous host) from cluster info, else Slurm, else 1 node."""
+    """(nnodes, node_rank, slots on this node, rendezvous host) from cluster info, else Slurm, else 1 node.
+
+    The rendezvous host is ``DET_CHIEF_IP``, else the cluster info's first address, else the first node of
+    ``SLURM_JOB_NODELIST`` resolved (a bare ``sbatch`` job): never loopback for several nodes, where every
+    node would rendezvous with itself.
+    """
     from harness._info import get_chief_ip, get_cluster_info
 
     info = get_cluster_info()
@@ -141,8 +146,18 @@ def node_facts() -> tuple[int, int, int, str]:
         visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
         slots = int(env.get("SLURM_GPUS_ON_NODE") or len(visible) or 1)
     node_rank = int(env.get("SLURM_NODEID") or (info.container_rank if info else 0))
-    host = "127.0.0.1" if nnodes == 1 else (get_chief_ip() or "127.0.0.1")
+    host = "127.0.0.1" if nnodes == 1 else (get_chief_ip() or _first_node_addr())
     return nnodes, node_rank, slots, host
+
+
+def _first_node_addr() -> str:
+    """The first node of the Slurm allocation (where torchrun's c10d store runs), when no cluster info says."""
+    from harness.exec._job_nodes import NodeListError, container_addrs
+
+    try:
+        return container_addrs(os.environ)[0]
+    except (NodeListError, OSError, subprocess.SubprocessError) as e:
+        raise SystemExit(f"error: cannot find the first node's address for the rendezvous: {e}") from None
 
 
 def _torchrun() -> list[str]:
