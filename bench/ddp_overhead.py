@@ -142,6 +142,7 @@ def summarize(work: Path, rounds: int) -> dict[str, dict[str, Any]]:
             "p90_step_ms": 1000 * statistics.median(p90s),
             "run_medians_ms": [round(1000 * m, 3) for m in medians],
             "wall_s": statistics.median(walls[v]),
+            "walls_s": [round(w, 1) for w in walls[v]],
         }
     return out
 
@@ -153,14 +154,15 @@ def table(result: dict[str, dict[str, Any]], rounds: int, steps: int) -> str:
         f"2 nodes x 2 ranks, gloo DDP, {rounds} round(s) x {steps} timed steps per variant "
         "(median of per-run medians)",
         "",
-        "| variant | median step (ms) | p90 step (ms) | per-run medians (ms) | wall per run (s) |",
-        "|---|---|---|---|---|",
+        "| variant | median step (ms) | p90 step (ms) | per-run medians (ms) | wall per run, median (s) | walls (s) |",
+        "|---|---|---|---|---|---|",
     ]
     for name, label in (("bare", "bare `srun torchrun`"), ("launcher", "launchers.torch_distributed")):
         r = result[name]
         rows.append(
             f"| {label} | {r['median_step_ms']:.3f} | {r['p90_step_ms']:.3f} | "
-            f"{', '.join(str(m) for m in r['run_medians_ms'])} | {r['wall_s']:.1f} |"
+            f"{', '.join(str(m) for m in r['run_medians_ms'])} | {r['wall_s']:.1f} | "
+            f"{', '.join(str(w) for w in r['walls_s'])} |"
         )
     rows += ["", f"**ratio launcher / bare (median step): {ratio:.3f}** (goal <= 1.02)"]
     return "\n".join(rows)
