@@ -5,12 +5,14 @@
 RANK is an integer or a comma-separated list of environment variable names tried in order (``RANK``,
 ``SLURM_PROCID``). Lines end at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (progress bars); a final partial line is kept
 and emitted with a newline; very long lines are cut at 64 KiB. SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2 and
-SIGCONT are forwarded to the child, except that a stop signal (SIGTERM, SIGINT, SIGHUP) that arrives after another
-rank failed on its own (as recorded in ``DET_RANK_EXIT_DIR``) is the launchers tearing the job down: the child
-gets it and, ``DET_RANK_STOP_GRACE_S`` (default 2) seconds later, SIGKILL. Without that, a rank whose harness
-takes SIGTERM for a preemption (to checkpoint at its next ``should_preempt()``) would hold the whole job until
-torchrun's or Slurm's own kill timeout (30 s for torchrun). The exit code is the child's (128+N when killed by signal N), and is also
+SIGCONT are forwarded to the child. The exit code is the child's (128+N when killed by signal N), and is also
 recorded in ``DET_RANK_EXIT_DIR`` when set, so a launcher can report the rank that failed first.
+
+A stop signal (SIGTERM, SIGINT, SIGHUP) that arrives after another rank failed on its own (as recorded in
+``DET_RANK_EXIT_DIR``) is the launchers tearing the job down, not a preemption: the child gets it and,
+``DET_RANK_STOP_GRACE_S`` (default 2) seconds later, SIGKILL. Without that, a rank whose harness takes SIGTERM
+for a preemption (it checkpoints at its next ``should_preempt()``, which a rank stuck waiting for its dead peer
+never reaches) holds the whole job until torchrun's own kill timeout (30 s) or Slurm's KillWait.
 """
 
 from __future__ import annotations
