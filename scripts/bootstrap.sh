@@ -41,7 +41,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     # The CPU build of torch lies on this machine's disk; ask for it by exact version first so that the
     # `torch>=` range of the extra is already satisfied and no CUDA build is downloaded.
     "${PIP[@]}" install torch==2.13.0 &&
-    "${PIP[@]}" install -e '.[dev,bench,mpi,torch]'
+    "${PIP[@]}" install -e '.[dev,bench,mpi,torch,examples]'
   } >"$VENV/bootstrap.log" 2>&1 || { tail -40 "$VENV/bootstrap.log"; echo "bootstrap: pip failed" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi
