@@ -43,6 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if os.environ.get("DET_DEBUG") else logging.INFO, format="%(message)s"
     )
+    if not os.environ.get("DET_DEBUG"):  # httpx logs every request at INFO: not for people at a terminal
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
