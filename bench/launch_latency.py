@@ -421,6 +421,7 @@ def report(
                 f"{median([r['harness_init_s'] / r['jobs'] for r in recs]):.2f}"
                 if "harness_init_s" in recs[0]
                 else "–",
+                f"{median([r['report_s'] / r['jobs'] for r in recs]):.2f}" if "report_s" in recs[0] else "–",
             ]
         )
     lines.append(
