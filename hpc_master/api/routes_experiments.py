@@ -15,6 +15,7 @@ from hpc_master.api.schemas import CreateExperimentRequest
 from hpc_master.db.models import ExperimentModel, TrialModel
 from hpc_master.services import checkpoints as ckpts
 from hpc_master.services import experiments as exps
+from hpc_master.services import notify
 from hpc_master.services.common import get_or_404
 from hpc_master.services.lifecycle import set_experiment_state
 from hpc_master.services.states import ExperimentState
@@ -49,11 +50,13 @@ def create_experiment(
         warnings = [{"message": w} for w in parsed.warnings]
         if experiment is None:
             return {"experiment": None, "config": parsed.config, "warnings": warnings}
-        return {
+        answer = {
             "experiment": convert.experiment_to_api(experiment, principal.username, []),
             "config": parsed.config,
             "warnings": warnings,
         }
+    notify.changed()  # after the commit: the loop reads committed state
+    return answer
 
 
 @router.get("/experiments")
@@ -105,6 +108,7 @@ def _action(
 ) -> dict[str, Any]:
     with state.tx() as session:
         fn(session, principal, experiment_id)
+    notify.changed()
     return {}
 
 

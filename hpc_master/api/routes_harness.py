@@ -25,7 +25,7 @@ from hpc_master.api.schemas import (
 from hpc_master.db.models import CheckpointModel, ExperimentModel, TrialModel
 from hpc_master.errors import PermissionDeniedError
 from hpc_master.services import checkpoints as ckpts
-from hpc_master.services import harness
+from hpc_master.services import harness, notify
 from hpc_master.services.common import get_or_404
 from hpc_master.services.experiments import remove_checkpoint_dirs
 from hpc_master.services.metrics import MetricReport, ingest_metrics
@@ -82,6 +82,8 @@ async def report_metrics_batch(
             return result
 
     accepted, duplicates = await run_in_threadpool(ingest)
+    if any(r.group == "validation" for r in reports):
+        notify.changed()  # the searcher reacts to validations
     return {"accepted": accepted, "duplicates": duplicates}
 
 
@@ -235,6 +237,7 @@ def completed_operation(
         harness.complete_searcher_operation(
             session, trial_id, body.op.validate_after.length, body.searcher_metric
         )
+    notify.changed()
     return {}
 
 

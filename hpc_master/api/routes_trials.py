@@ -16,7 +16,7 @@ from hpc_master.api import convert
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.db.models import TrialModel, TrialRunModel
 from hpc_master.services import experiments as exps
-from hpc_master.services import logs
+from hpc_master.services import logs, notify
 from hpc_master.services import metrics as metric_svc
 from hpc_master.services.common import get_or_404
 from hpc_master.services.lifecycle import live_run_of
@@ -45,6 +45,7 @@ def get_trial(trial_id: int, state: State, principal: UserPrincipal) -> dict[str
 def kill_trial(trial_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         exps.kill_trial(session, principal, trial_id)
+    notify.changed()
     return {}
 
 

@@ -103,11 +103,6 @@ class JobDriver:
         with transaction(self.sessions) as session:
             yield session
 
-    def tick(self) -> None:
-        self.cancel_stopped()
-        self.submit_pending()
-        self.poll()
-
     # ---- submit ---------------------------------------------------------------------------------------
     def submit_pending(self) -> int:
         with self._tx() as s:

@@ -20,6 +20,7 @@ from hpc_master.db.models import ExperimentModel
 from hpc_master.lifecycle import searchers
 from hpc_master.lifecycle.jobs import JobDriver
 from hpc_master.services import lifecycle as svc
+from hpc_master.services import notify
 from hpc_master.services.common import InvalidTransitionError
 from hpc_master.services.states import ExperimentState, TerminationReason
 from slurm_backend import SlurmCli
@@ -40,10 +41,14 @@ class LifecycleLoop:
 
     # ---- one tick ------------------------------------------------------------------------------------
     def tick(self) -> None:
+        """Stop what must stop, learn how jobs ended, let the searchers react, then submit in the same tick
+        what they (or a failed run's restart) want running."""
+        if self.jobs is not None:
+            self.jobs.cancel_stopped()
+            self.jobs.poll()
         self.drive_searchers()
         if self.jobs is not None:
-            self.jobs.tick()
-            self.drive_searchers()  # react at once to runs that just ended
+            self.jobs.submit_pending()
         self.ticks += 1
 
     def drive_searchers(self) -> None:
@@ -96,9 +101,10 @@ class LifecycleLoop:
                 self.tick()
             except Exception:
                 log.exception("lifecycle tick failed")
-            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+            notify.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
+        notify.changed()
         if self._thread is not None:
             self._thread.join(timeout_s)

@@ -46,14 +46,14 @@ def _metrics(master: Master, headers: dict[str, str], trial_id: int, group: str)
     return list(rows.get("metrics", rows.get("data", [])))
 
 
-def _sacct_users(job_name_prefix: str) -> set[str]:
+def _sacct_users(job_ids: list[str]) -> set[str]:
     out = subprocess.run(
-        ["sacct", "-X", "-n", "-a", "--parsable2", "--format=JobName,User"],
+        ["sacct", "-X", "-n", "--parsable2", "--format=User", "-j", ",".join(job_ids)],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    return {line.split("|")[1] for line in out.splitlines() if line.startswith(job_name_prefix)}
+    return {line.strip() for line in out.splitlines() if line.strip()}
 
 
 def test_const_experiment_runs_as_the_researcher_and_completes(master: Master, alice: dict[str, str]) -> None:
