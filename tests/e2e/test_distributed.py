@@ -268,6 +268,10 @@ def test_pytorch_trial_on_one_slot_paused_and_resumed_ends_like_an_uninterrupted
     _wait_trial(master, alice, paused_exp, lambda t: t["stepsCompleted"] >= 25, "25 batches", 240)
     master.api("POST", f"/experiments/{paused_exp}/pause", alice)
     paused = _wait_trial(master, alice, paused_exp, lambda t: t["state"] == "STATE_PAUSED", "the pause")
+    # The trial shows PAUSED at once; activating before its job has checkpointed and exited would resume it
+    # straight away (a plain preemption), so wait for the job to be gone first, as a user would see it.
+    _wait_no_jobs(master, paused_exp, 60)
+    paused = _only_trial(master, alice, paused_exp)
     assert 25 <= paused["stepsCompleted"] < 60
     master.api("POST", f"/experiments/{paused_exp}/activate", alice)
     trial = _assert_finished_like_uninterrupted(master, alice, paused_exp)
