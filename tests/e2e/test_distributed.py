@@ -313,3 +313,36 @@ def test_pytorch_trial_on_four_slots_survives_slurm_preemption_signals(
     assert "preempted" in logs[0]
     ranks = {int(r) for r in re.findall(r"^\[rank=(\d)\]", logs[1], re.M)}
     assert ranks == {0, 1, 2, 3}
+
+
+# -- Horovod, when its wheel was built (tests/e2e/distributed_context/horovod/build_wheel.sh, ~15 min) ---------
+HOROVOD_SITES = sorted(Path("/var/cache/hpc-det/site").glob("horovod-0.28.1_*/horovod"))
+HOROVOD = """
+name: e2e-horovod
+entrypoint: python3 -m determined.launch.horovod python3 hvd_check.py
+environment: {{environment_variables: ["PYTHONPATH={site}"]}}
+resources: {{slots_per_trial: 4}}
+searcher: {{name: single, metric: allreduce, max_length: {{batches: 1}}}}
+max_restarts: 0
+"""
+
+
+@pytest.mark.skipif(
+    not HOROVOD_SITES, reason="no Horovod build: run tests/e2e/distributed_context/horovod/build_wheel.sh"
+)
+def test_horovod_allreduce_across_two_nodes_through_the_horovod_launcher(
+    master: Master, alice: dict[str, str]
+) -> None:
+    config = HOROVOD.format(site=HOROVOD_SITES[-1].parent)
+    exp = master.create_experiment(alice, config, CONTEXTS / "horovod")
+    assert master.wait_state(alice, exp, TERMINAL, 180) == "STATE_COMPLETED", master.diagnose(exp)
+    trial = _only_trial(master, alice, exp)
+    (log,) = _run_logs(master, exp, trial["id"])
+    rows = _results(log)
+    assert sorted(rows) == [0, 1, 2, 3], log
+    assert len({r["host"] for r in rows.values()}) == 2, log
+    for prefix_rank, r in rows.items():
+        assert r["rank"] == prefix_rank and r["size"] == 4
+        assert r["allreduce"] == 1 + 2 + 3 + 4
+        assert r["gathered"] == [0, 1, 2, 3]
+        assert r["local_rank"] == prefix_rank % 2 and r["cross_rank"] == prefix_rank // 2
