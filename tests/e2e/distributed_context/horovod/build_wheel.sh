@@ -25,7 +25,15 @@ if ! ls "$wheels"/horovod-*.whl >/dev/null 2>&1; then
   rm -rf "$build"
 fi
 if [ ! -d "$site/horovod" ]; then
-  "$py" -m pip install --target "$site" "$wheels"/horovod-*.whl  # with its small deps (cloudpickle, psutil, ...)
+  "$py" -m pip install --no-deps --target "$site" "$wheels"/horovod-*.whl
+  # Only the dependencies the venv lacks: what lies in $site shadows the venv's packages on PYTHONPATH.
+  missing=$("$py" - <<'PY'
+import importlib.util
+need = {"cloudpickle": "cloudpickle", "psutil": "psutil", "cffi": "cffi", "yaml": "pyyaml", "packaging": "packaging"}
+print(" ".join(pkg for mod, pkg in need.items() if importlib.util.find_spec(mod) is None))
+PY
+)
+  if [ -n "$missing" ]; then "$py" -m pip install --target "$site" $missing; fi
   chmod -R a+rX "$site"
 fi
 echo "$site"
