@@ -223,6 +223,7 @@ def test_core_api_tutorial_runs_unmodified_through_a_pause_and_activate(
 TRIAL = """
 name: e2e-trial-{slots}
 entrypoint: model_def:MyTrial
+reproducibility: {{experiment_seed: 11}}  # the twins compared below must share their trial seed
 hyperparameters: {{global_batch_size: 8, lr: 0.02, sleep_s: {sleep_s}}}
 resources: {{slots_per_trial: {slots}}}
 searcher: {{name: single, metric: val_loss, smaller_is_better: true, max_length: {{batches: 60}}}}
