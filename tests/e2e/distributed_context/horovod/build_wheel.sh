@@ -1,6 +1,6 @@
 #!/bin/bash
 # Build (once) and cache the Horovod wheel the Horovod e2e test uses, then unpack it into a site directory that
-# experiments put on PYTHONPATH (the shared venv is left alone). Run as root; about 15 min on 2 cores.
+# experiments put on PYTHONPATH (the shared venv is left alone). Run as root; about 2 min on 2 cores.
 #   tests/e2e/distributed_context/horovod/build_wheel.sh
 # horovod 0.28.1 (the last release) asks for C++14 and torch 2.x's headers need C++17: patched below.
 set -euo pipefail
