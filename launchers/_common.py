@@ -8,6 +8,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import types
@@ -24,6 +25,24 @@ FORWARDED_SIGNALS = (
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_DIR_ENV = "DET_RANK_EXIT_DIR"
 _BATCH_STEP_IDS = {"", "batch", "extern", "4294967294", "4294967295"}
+
+
+def split_launcher_args(args: list[str], usage: str) -> tuple[list[str], list[str]]:
+    """``[OVERRIDES... --] (--trial MODULE:CLASS | SCRIPT...)`` → (overrides, script argv).
+
+    ``--trial X`` becomes ``python -m harness.exec.run_trial X``. Exits with `usage` when no script is given.
+    """
+    overrides: list[str] = []
+    if "--" in args:
+        i = args.index("--")
+        overrides, args = args[:i], args[i + 1 :]
+    if args[:1] == ["--trial"]:
+        if len(args) != 2:
+            raise SystemExit("error: --trial takes exactly one MODULE:CLASS and no script")
+        args = [sys.executable, "-m", "harness.exec.run_trial", args[1]]
+    if not args:
+        raise SystemExit(usage)
+    return overrides, args
 
 
 def exit_code_of(returncode: int) -> int:

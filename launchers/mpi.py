@@ -13,7 +13,13 @@ import os
 import shlex
 import sys
 
-from launchers._common import ensure_exit_dir, in_slurm_allocation, in_srun_step, run_and_report
+from launchers._common import (
+    ensure_exit_dir,
+    in_slurm_allocation,
+    in_srun_step,
+    run_and_report,
+    split_launcher_args,
+)
 
 RANK_VARS = "SLURM_PROCID,PMIX_RANK,OMPI_COMM_WORLD_RANK"
 
@@ -41,17 +47,9 @@ def build_local_cmd(*, script: list[str], python: str = "python3", rank: str = "
 
 
 def parse_args(args: list[str]) -> tuple[list[str], list[str]]:
-    overrides: list[str] = []
-    if "--" in args:
-        i = args.index("--")
-        overrides, args = args[:i], args[i + 1 :]
-    if args[:1] == ["--trial"]:
-        if len(args) != 2:
-            raise SystemExit("error: --trial takes exactly one MODULE:CLASS and no script")
-        args = [sys.executable, "-m", "harness.exec.run_trial", args[1]]
-    if not args:
-        raise SystemExit("usage: python3 -m launchers.mpi [SRUN_OVERRIDES... --] (--trial T | SCRIPT...)")
-    return overrides, args
+    return split_launcher_args(
+        args, "usage: python3 -m launchers.mpi [SRUN_OVERRIDES... --] (--trial T | SCRIPT...)"
+    )
 
 
 def slots_per_node() -> int:

@@ -39,6 +39,7 @@ from launchers._common import (
     in_srun_step,
     node_ranks_exited_cleanly,
     run_and_report,
+    split_launcher_args,
 )
 
 C10D_PORT_BASE = 29400
@@ -113,18 +114,9 @@ def parse_args(args: list[str]) -> tuple[bool, list[str], list[str]]:
     node = False
     if args and args[0] == "--node":
         node, args = True, args[1:]
-    overrides: list[str] = []
-    if "--" in args:
-        i = args.index("--")
-        overrides, args = args[:i], args[i + 1 :]
-    if args[:1] == ["--trial"]:
-        if len(args) != 2:
-            raise SystemExit("error: --trial takes exactly one MODULE:CLASS and no script")
-        args = [sys.executable, "-m", "harness.exec.run_trial", args[1]]
-    if not args:
-        raise SystemExit(
-            "usage: python3 -m launchers.torch_distributed [OVERRIDES... --] (--trial T | SCRIPT...)"
-        )
+    overrides, args = split_launcher_args(
+        args, "usage: python3 -m launchers.torch_distributed [OVERRIDES... --] (--trial T | SCRIPT...)"
+    )
     return node, overrides, args
 
 
