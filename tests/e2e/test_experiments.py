@@ -141,7 +141,8 @@ def test_pause_and_activate_resume_from_the_latest_checkpoint(master: Master, al
 def test_slurm_preemption_resubmits_from_the_checkpoint(
     master: Master, alice: dict[str, str], tmp_path: Path
 ) -> None:
-    exp = master.create_experiment(alice, LONG)
+    # 30 s of work: Slurm needs ~10 s (sched_interval=5) to decide on the preemption once the urgent job waits.
+    exp = master.create_experiment(alice, LONG.replace("sleep_s: 0.2", "sleep_s: 0.5"))
     trial = _wait_trial(master, alice, exp, lambda t: t["stepsCompleted"] >= 10, "10 steps")
     # A high-priority job that needs every node of the cluster preempts the trial's job (SIGTERM + grace time).
     urgent = subprocess.run(
