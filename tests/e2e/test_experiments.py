@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import Master
+from tests.slurm.fixtures import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -46,14 +47,17 @@ def _metrics(master: Master, headers: dict[str, str], trial_id: int, group: str)
     return list(rows.get("metrics", rows.get("data", [])))
 
 
-def _sacct_users(job_ids: list[str]) -> set[str]:
+def _sacct_users(job_ids: list[str]) -> dict[str, str] | None:
+    """{job id: user} once slurmdbd has recorded every job (it records asynchronously), else None."""
+    assert job_ids, "the master recorded no Slurm job"
     out = subprocess.run(
-        ["sacct", "-X", "-n", "--parsable2", "--format=User", "-j", ",".join(job_ids)],
+        ["sacct", "-X", "-n", "-a", "--parsable2", "--format=JobIDRaw,User", "-j", ",".join(job_ids)],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    return {line.strip() for line in out.splitlines() if line.strip()}
+    users = dict(line.split("|")[:2] for line in out.splitlines() if "|" in line)
+    return users if set(users) >= set(job_ids) else None
 
 
 def test_const_experiment_runs_as_the_researcher_and_completes(master: Master, alice: dict[str, str]) -> None:
@@ -67,7 +71,9 @@ def test_const_experiment_runs_as_the_researcher_and_completes(master: Master, a
     training = _metrics(master, alice, trial["id"], "training")
     assert sorted(int(m["stepsCompleted"]) for m in training) == list(range(1, 21))
     assert trial["latestCheckpointUuid"]
-    assert _sacct_users(master.job_ids()) == {master.researcher.name}
+    jobs = master.job_ids()
+    users = wait_for(lambda: _sacct_users(jobs), 30, "slurmdbd to record the trial's job")
+    assert {users[j] for j in jobs} == {master.researcher.name}
 
 
 def test_async_halving_pauses_and_resumes_trials_and_picks_the_best(
