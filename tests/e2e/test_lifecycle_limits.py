@@ -65,6 +65,13 @@ def _job_node(job_name: str) -> str:
     return out.stdout.strip()
 
 
+def _node_healthy(node: str) -> bool:
+    """Registered and schedulable again (idle, or already running someone's job): not down, drained or `*`."""
+    out = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%t"], capture_output=True, text=True, check=False)
+    state = out.stdout.strip()
+    return bool(state) and not state.endswith("*") and state.split("+")[0] in {"idle", "mix", "alloc", "comp"}
+
+
 def test_a_node_failure_restarts_the_trial_from_its_checkpoint(master: Master, alice: dict[str, str]) -> None:
     config = """
 name: e2e-nodefail
@@ -83,11 +90,7 @@ max_restarts: 1
         assert master.wait_state(alice, exp, DONE, 240) == "STATE_COMPLETED", master.diagnose(exp)
     finally:
         start_node(node)
-        wait_for(
-            lambda: "idle" in subprocess.run(["sinfo", "-h", "-n", node, "-o", "%t"], capture_output=True,
-                                             text=True).stdout,
-            120, f"{node} to come back",
-        )  # fmt: skip
+        wait_for(lambda: _node_healthy(node), 120, f"{node} to come back")
     (trial,) = master.trials(alice, exp)
     assert trial["restarts"] == 1
     logs = sorted((master.root / "jobs" / f"exp-{exp}" / f"trial-{trial_id}").glob("run-*/output.log"))
