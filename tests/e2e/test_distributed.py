@@ -204,6 +204,7 @@ def test_core_api_tutorial_runs_unmodified_through_a_pause_and_activate(
     master.api("POST", f"/experiments/{exp}/pause", alice)
     paused = _wait_trial(master, alice, exp, lambda t: t["state"] == "STATE_PAUSED", "the pause")
     _wait_no_jobs(master, exp)  # the job checkpointed and exited, freeing the nodes
+    paused = _only_trial(master, alice, exp)  # the trial reads PAUSED at once; its job stops a little later
     assert 16 <= paused["stepsCompleted"] < 48, "the pause did not land mid-training"
     master.api("POST", f"/experiments/{exp}/activate", alice)
     assert master.wait_state(alice, exp, TERMINAL, 240) == "STATE_COMPLETED", master.diagnose(exp)
