@@ -172,11 +172,8 @@ with det.core.init() as core:
 """
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="harness: a rank sometimes hangs after USR1 arrives twice (slurmstepd's killpg plus wrap_rank's "
-    "forwarding); suspected _SignalLatch._handler calling Event.set re-entrantly",
-)
+# USR1 reaches each rank twice (slurmstepd's killpg and wrap_rank's forwarding): the harness's signal handler
+# takes no lock, so this no longer hangs (it did while the handler called Event.set).
 def test_preemption_signal_reaches_every_rank_and_counts_as_a_pause(
     researcher: Researcher, shared_dir: Path
 ) -> None:
