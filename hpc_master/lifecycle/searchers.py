@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from hpc_master.db.models import ExperimentModel, SearcherOpCompletionModel, TrialModel
+from hpc_master.db.models import ExperimentModel, TrialModel
 from hpc_master.expconf import parse_experiment_config
 from hpc_master.services import lifecycle as svc
 from hpc_master.services.states import (
@@ -98,19 +98,8 @@ def drive(session: Session, experiment: ExperimentModel) -> int:
     if hosted.shut_down:
         return 0
 
-    completions = list(
-        session.scalars(
-            select(SearcherOpCompletionModel)
-            .join(TrialModel, TrialModel.id == SearcherOpCompletionModel.trial_id)
-            .where(
-                TrialModel.experiment_id == experiment.id,
-                SearcherOpCompletionModel.consumed.is_(False),
-            )
-            .order_by(SearcherOpCompletionModel.id)
-        )
-    )
+    completions = svc.take_searcher_op_completions(session, experiment.id)
     for c in completions:
-        c.consumed = True
         if c.metric is not None:
             actions += hosted.method.on_validation_completed(c.trial_id, c.metric, int(c.length))
 

@@ -296,11 +296,6 @@ def record_searcher_snapshot(
     )
 
 
-def set_experiment_progress(session: Session, experiment_id: int, progress: float) -> None:
-    experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
-    experiment.progress = max(0.0, min(1.0, progress))
-
-
 def set_searcher_operation(
     session: Session, trial_id: int, length: int | None, *, done: bool = False
 ) -> None:
@@ -310,16 +305,17 @@ def set_searcher_operation(
     trial.searcher_done = done
 
 
-def take_searcher_op_completions(session: Session, limit: int = 1000) -> list[SearcherOpCompletionModel]:
-    """Consume the validations reported by harnesses since the last call (oldest first)."""
-    rows = list(
-        session.scalars(
-            select(SearcherOpCompletionModel)
-            .where(SearcherOpCompletionModel.consumed.is_(False))
-            .order_by(SearcherOpCompletionModel.id)
-            .limit(limit)
+def take_searcher_op_completions(
+    session: Session, experiment_id: int | None = None, limit: int | None = None
+) -> list[SearcherOpCompletionModel]:
+    """Consume the validations reported by harnesses since the last call (oldest first), for one experiment
+    or all. Consumed in the caller's transaction: rolled back together with what the searcher did with them."""
+    stmt = select(SearcherOpCompletionModel).where(SearcherOpCompletionModel.consumed.is_(False))
+    if experiment_id is not None:
+        stmt = stmt.join(TrialModel, TrialModel.id == SearcherOpCompletionModel.trial_id).where(
+            TrialModel.experiment_id == experiment_id
         )
-    )
+    rows = list(session.scalars(stmt.order_by(SearcherOpCompletionModel.id).limit(limit)))
     for row in rows:
         row.consumed = True
     return rows
