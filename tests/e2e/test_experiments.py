@@ -56,7 +56,7 @@ def _sacct_uids(job_ids: list[str]) -> dict[str, tuple[str, int]] | None:
     """
     assert job_ids, "the master recorded no Slurm job"
     out = subprocess.run(
-        ["sacct", "-X", "-n", "-a", "--parsable2", "--format=JobIDRaw,User,UID,State", "-j", ",".join(job_ids)],
+        ["sacct", "-X", "-n", "-a", "-P", "--format=JobIDRaw,User,UID,State", "-j", ",".join(job_ids)],
         capture_output=True,
         text=True,
         check=True,
