@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -12,6 +12,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from hpc_master.api.metrics_writer import MetricsWriter
 from hpc_master.auth import hash_token
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import ExperimentModel, TrialModel
@@ -30,6 +31,10 @@ class AppState:
     tokens: TokenCache
     master_id: str
     cluster_id: str
+    writer: MetricsWriter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.writer = MetricsWriter(self.sessions)
 
     @contextmanager
     def tx(self) -> Iterator[Session]:

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from hpc_master.api import convert
@@ -67,21 +68,20 @@ async def report_metrics_batch(
 ) -> dict[str, Any]:
     """Idempotent on (trial, trialRunId, group, stepsCompleted): a retried batch adds nothing.
 
-    The hot path: the body is parsed and validated in one step (``model_validate_json``), and the only
-    thread-pool hop is the one short transaction.
+    The hot path: the body is parsed and validated in one step (``model_validate_json``), and the rows
+    join the metrics writer's next group commit; the answer comes once they are committed.
     """
     body = MetricsBatchRequest.model_validate_json(await request.body())
     reports = _reports(body.metrics)
 
-    def ingest() -> tuple[int, int]:
-        with state.tx() as session:
-            if principal.trial_id != trial_id:
-                check_trial_access(session, principal, trial_id, write=True)
-            result = ingest_metrics(session, trial_id, reports)
-            harness.record_validations_for_searcher(session, trial_id, reports)
-            return result
+    def ingest(session: Session) -> tuple[int, int]:
+        if principal.trial_id != trial_id:
+            check_trial_access(session, principal, trial_id, write=True)
+        result = ingest_metrics(session, trial_id, reports)
+        harness.record_validations_for_searcher(session, trial_id, reports)
+        return result
 
-    accepted, duplicates = await run_in_threadpool(ingest)
+    accepted, duplicates = await state.writer.run(ingest, len(reports))
     if any(r.group == "validation" for r in reports):
         notify.changed()  # the searcher reacts to validations
     return {"accepted": accepted, "duplicates": duplicates}

@@ -10,7 +10,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from hpc_master.db.engine import transaction
-from hpc_master.db.models import Base
+from hpc_master.db.models import Base, UserModel
+from hpc_master.services import lifecycle
+from hpc_master.services.experiments import create_experiment as create_experiment_service
+from hpc_master.services.users import Principal
 
 CONFIG = """\
 name: mnist
@@ -56,3 +59,15 @@ def create_experiment(client: TestClient, headers: dict[str, str], config: str =
 def count(sessions: sessionmaker[Session], model: type[Base]) -> int:
     with transaction(sessions) as session:
         return int(session.scalar(select(func.count()).select_from(model)) or 0)
+
+
+def seed_trial(sessions: sessionmaker[Session], username: str = "alice") -> int:
+    """An active experiment of a new user, with one trial: the id of the trial."""
+    with transaction(sessions) as s:
+        user = UserModel(username=username, password_hash="", admin=False)
+        s.add(user)
+        s.flush()
+        owner = Principal(user_id=user.id, username=username, admin=False)
+        exp, _ = create_experiment_service(s, owner, config_text=CONFIG, model_definition=[], activate=True)
+        assert exp is not None
+        return lifecycle.create_trial(s, exp.id, "r1", {"lr": 0.1}).id
