@@ -88,6 +88,8 @@ class SearcherContext:
     def _next_length(self) -> int | None:
         path = f"/api/v1/trials/{self._trial_id}/searcher/operation"
         out = retry(lambda: self._session.get(path), what="get searcher operation")
+        while out.get("pending"):  # the searcher has not answered the last completion yet: a long poll
+            out = retry(lambda: self._session.get(path), what="get searcher operation")
         op = out.get("op")
         if out.get("completed") or not op:
             return None

@@ -36,6 +36,8 @@ router = APIRouter(prefix="/api/v1", tags=["harness"])
 
 PREEMPTION_POLL_S = 0.5
 MAX_LONG_POLL_S = 60
+OP_POLL_S = 0.1
+OP_LONG_POLL_S = 20  # under the harness's 30 s request timeout
 
 
 def _reports(items: list[MetricItem], group: str | None = None) -> list[MetricReport]:
@@ -220,12 +222,38 @@ def ack_preemption(allocation_id: str, principal: AnyPrincipal, state: State) ->
 
 
 @router.get("/trials/{trial_id}/searcher/operation")
-def searcher_operation(trial_id: int, principal: AnyPrincipal, state: State) -> dict[str, Any]:
-    with state.tx() as session:
-        check_trial_access(session, principal, trial_id, write=False)
-        length, done = harness.searcher_operation(session, trial_id)
-    op = {"validateAfter": {"length": length}} if length is not None and not done else None
-    return {"op": op, "completed": done}
+async def searcher_operation(
+    trial_id: int,
+    principal: AnyPrincipal,
+    state: State,
+    timeoutSeconds: int = OP_LONG_POLL_S,
+) -> dict[str, Any]:
+    """The trial's next operation (Determined ≤ 0.37).
+
+    Right after the harness completed an operation the searcher may not have acted on it yet (the
+    lifecycle loop does, within a tick): this waits up to ``timeoutSeconds`` (≤ 60) for its answer rather
+    than hand the completed operation out again, then says ``pending`` (ask again). A trial the searcher
+    holds (it is being paused until a promotion) gets no operation, so its script ends and it pauses.
+    """
+
+    def read() -> tuple[int | None, harness.OpState]:
+        with state.tx() as session:
+            check_trial_access(session, principal, trial_id, write=False)
+            return harness.searcher_operation(session, trial_id)
+
+    deadline = time.monotonic() + max(0, min(timeoutSeconds, MAX_LONG_POLL_S))
+    while True:
+        length, op_state = await run_in_threadpool(read)
+        if op_state is not harness.OpState.WAITING:
+            break
+        if time.monotonic() >= deadline:
+            return {"op": None, "completed": False, "pending": True}
+        await asyncio.sleep(min(OP_POLL_S, max(0.0, deadline - time.monotonic())))
+    ready = op_state is harness.OpState.READY and length is not None
+    return {
+        "op": {"validateAfter": {"length": length}} if ready else None,
+        "completed": op_state is harness.OpState.DONE,
+    }
 
 
 @router.post("/trials/{trial_id}/searcher/completed_operation")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -72,9 +74,34 @@ def ack_preemption(session: Session, trial_id: int, run_number: int) -> None:
     run_by_number(session, trial_id, run_number).preempt_acked = True
 
 
-def searcher_operation(session: Session, trial_id: int) -> tuple[int | None, bool]:
+class OpState(enum.Enum):
+    READY = "ready"  # an operation the harness has not completed yet
+    DONE = "done"  # the searcher is done with the trial
+    WAITING = "waiting"  # the operation is completed and the searcher has not seen it yet
+    HELD = "held"  # completed and seen, no longer one given: the searcher holds the trial (pauses it)
+    NONE = "none"  # no operation was ever given
+
+
+def searcher_operation(session: Session, trial_id: int) -> tuple[int | None, OpState]:
+    """The trial's current operation and what the harness should do with it.
+
+    The harness asks for the next operation right after completing one, usually before the lifecycle
+    loop has shown the completion to the searcher: the old operation must then not be handed out again
+    (the script would train and validate the same length twice)."""
     trial = get_or_404(session, TrialModel, trial_id, "trial")
-    return trial.searcher_op_length, trial.searcher_done
+    length = trial.searcher_op_length
+    if trial.searcher_done:
+        return length, OpState.DONE
+    if length is None:
+        return None, OpState.NONE
+    consumed = session.scalars(
+        select(SearcherOpCompletionModel.consumed).where(
+            SearcherOpCompletionModel.trial_id == trial_id, SearcherOpCompletionModel.length >= length
+        )
+    ).all()
+    if not consumed:
+        return length, OpState.READY
+    return length, OpState.HELD if all(consumed) else OpState.WAITING
 
 
 def complete_searcher_operation(session: Session, trial_id: int, length: int, metric: float | None) -> None:

@@ -22,6 +22,7 @@ class FakeMaster:
         self.acks = 0
         self.checkpoints: dict[str, Any] = {}
         self.ops: list[int] = []
+        self.answer_pending = False
         self.completed_ops: list[tuple[int, float]] = []
         self.progress: list[float] = []
         self.record_all = True
@@ -120,6 +121,9 @@ class FakeMaster:
             return 200, {}
         if path.endswith("/searcher/operation"):
             with self.lock:
+                if self.answer_pending:  # as the real master does before its searcher saw a completion
+                    self.answer_pending = False
+                    return 200, {"op": None, "completed": False, "pending": True}
                 if not self.ops:
                     return 200, {"op": None, "completed": True}
                 return 200, {"op": {"validateAfter": {"length": self.ops[0]}}, "completed": False}
@@ -128,6 +132,7 @@ class FakeMaster:
                 length = body["op"]["validateAfter"]["length"]
                 if self.ops and self.ops[0] == length:
                     self.ops.pop(0)
+                self.answer_pending = True
                 self.completed_ops.append((length, body["searcherMetric"]))
             return 200, {}
         if path.endswith("/progress"):

@@ -320,6 +320,20 @@ def test_harness_signals_and_searcher(client: TestClient, sessions: sessionmaker
     )
     best = client.get(f"/api/v1/experiments/{exp_id}/searcher/best_searcher_validation_metric", headers=h)
     assert best.json() == {"metric": 0.25}
+    # The completed operation is never handed out again: until the searcher has seen the completion the
+    # answer is "pending" (after a long poll), then whatever the searcher decided.
+    url = f"/api/v1/trials/{trial_id}/searcher/operation"
+    assert client.get(f"{url}?timeoutSeconds=0", headers=h).json() == {
+        "op": None,
+        "completed": False,
+        "pending": True,
+    }
+    with transaction(sessions) as s:
+        assert [c.length for c in lifecycle.take_searcher_op_completions(s)] == [100]
+    assert client.get(url, headers=h).json() == {"op": None, "completed": False}  # held: no new op
+    with transaction(sessions) as s:
+        lifecycle.set_searcher_operation(s, trial_id, 400)  # promoted
+    assert client.get(url, headers=h).json() == {"op": {"validateAfter": {"length": 400}}, "completed": False}
     assert client.get(
         f"/api/v1/allocations/{trial_id}.1/signals/preemption?timeoutSeconds=5", headers=h
     ).json() == {"preempt": True}
