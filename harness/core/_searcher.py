@@ -9,6 +9,7 @@ from typing import Any
 
 from harness._http import MasterSession, retry
 from harness.core._distributed import DistributedContext
+from harness.core._preempt import preempt_signal_received
 from harness.core._train import TrainContext
 
 logger = logging.getLogger("harness.core")
@@ -89,6 +90,8 @@ class SearcherContext:
         path = f"/api/v1/trials/{self._trial_id}/searcher/operation"
         out = retry(lambda: self._session.get(path), what="get searcher operation")
         while out.get("pending"):  # the searcher has not answered the last completion yet: a long poll
+            if preempt_signal_received():  # Slurm preempts or the time limit nears: end, to be resumed
+                return None
             out = retry(lambda: self._session.get(path), what="get searcher operation")
         op = out.get("op")
         if out.get("completed") or not op:

@@ -13,7 +13,7 @@ from hpc_master.services.common import get_or_404
 from hpc_master.services.experiments import searcher_metric
 from hpc_master.services.metrics import MetricReport, metric_value
 from hpc_master.services.searcher_units import searcher_units
-from hpc_master.services.states import EARLY_EXIT_REASONS
+from hpc_master.services.states import EARLY_EXIT_REASONS, LIVE_RUN_STATES
 
 
 def parse_allocation_id(allocation_id: str) -> tuple[int, int]:
@@ -77,8 +77,8 @@ def ack_preemption(session: Session, trial_id: int, run_number: int) -> None:
 class OpState(enum.Enum):
     READY = "ready"  # an operation the harness has not completed yet
     DONE = "done"  # the searcher is done with the trial
-    WAITING = "waiting"  # the operation is completed and the searcher has not seen it yet
-    HELD = "held"  # completed and seen, no longer one given: the searcher holds the trial (pauses it)
+    WAITING = "waiting"  # completed; the searcher has not decided what comes next yet
+    HELD = "held"  # completed, and the searcher pauses the trial (its run was asked to stop)
     NONE = "none"  # no operation was ever given
 
 
@@ -101,7 +101,15 @@ def searcher_operation(session: Session, trial_id: int) -> tuple[int | None, OpS
     ).all()
     if not consumed:
         return length, OpState.READY
-    return length, OpState.HELD if all(consumed) else OpState.WAITING
+    # Seen by the searcher but no new operation: it may still promote the trial (ASHA waits for more results
+    # at the rung) or pause it. Only a pause ends the script's operations; until then the harness waits.
+    stopping = session.scalar(
+        select(TrialRunModel.preempt_requested)
+        .where(TrialRunModel.trial_id == trial_id, TrialRunModel.state.in_(LIVE_RUN_STATES))
+        .order_by(TrialRunModel.run_number.desc())
+        .limit(1)
+    )
+    return length, OpState.HELD if all(consumed) and stopping else OpState.WAITING
 
 
 def complete_searcher_operation(session: Session, trial_id: int, length: int, metric: float | None) -> None:

@@ -330,7 +330,16 @@ def test_harness_signals_and_searcher(client: TestClient, sessions: sessionmaker
     }
     with transaction(sessions) as s:
         assert [c.length for c in lifecycle.take_searcher_op_completions(s)] == [100]
-    assert client.get(url, headers=h).json() == {"op": None, "completed": False}  # held: no new op
+    # Seen, no new operation: the searcher may still promote the trial (pending) or pause it (no op, so the
+    # script's operations() ends and the job exits to be paused). Its run was asked to stop above.
+    assert client.get(url, headers=h).json() == {"op": None, "completed": False}
+    with transaction(sessions) as s:
+        run = lifecycle.live_run_of(s, trial_id)
+        assert run is not None
+        run.preempt_requested = False
+    assert client.get(f"{url}?timeoutSeconds=0", headers=h).json()["pending"] is True
+    with transaction(sessions) as s:
+        lifecycle.request_preemption(s, run.id)
     with transaction(sessions) as s:
         lifecycle.set_searcher_operation(s, trial_id, 400)  # promoted
     assert client.get(url, headers=h).json() == {"op": {"validateAfter": {"length": 400}}, "completed": False}
