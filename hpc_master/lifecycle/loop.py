@@ -23,9 +23,12 @@ from hpc_master.services import lifecycle as svc
 from hpc_master.services import notify
 from hpc_master.services.common import InvalidTransitionError
 from hpc_master.services.states import ExperimentState, TerminationReason
+from hpc_master.services.users import purge_expired_sessions
 from slurm_backend import SlurmCli
 
 log = logging.getLogger(__name__)
+
+HOUSEKEEPING_S = 600.0
 
 
 class LifecycleLoop:
@@ -38,6 +41,7 @@ class LifecycleLoop:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ticks = 0
+        self._housekept_at: float | None = None
 
     # ---- one tick ------------------------------------------------------------------------------------
     def tick(self) -> None:
@@ -49,7 +53,24 @@ class LifecycleLoop:
         self.drive_searchers()
         if self.jobs is not None:
             self.jobs.submit_pending()
+        self.housekeeping()
         self.ticks += 1
+
+    def housekeeping(self, *, every_s: float = HOUSEKEEPING_S) -> None:
+        """Chores that need no hurry, at most every ``every_s``: expired login sessions and trial tokens
+        (each run mints one, valid 30 days) are deleted."""
+        now = time.monotonic()
+        if self._housekept_at is not None and now - self._housekept_at < every_s:
+            return
+        self._housekept_at = now
+        try:
+            with transaction(self.sessions) as s:
+                purged = purge_expired_sessions(s)
+        except Exception:
+            log.exception("housekeeping failed")
+            return
+        if purged:
+            log.info("housekeeping: %d expired sessions and trial tokens deleted", purged)
 
     def drive_searchers(self) -> None:
         with transaction(self.sessions) as s:
