@@ -12,7 +12,6 @@ answer and one bad batch never fails another's.
 from __future__ import annotations
 
 import asyncio
-import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -22,8 +21,6 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from hpc_master.db.engine import transaction
-
-log = logging.getLogger(__name__)
 
 Apply = Callable[[Session], Any]
 

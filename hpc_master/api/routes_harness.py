@@ -232,8 +232,8 @@ async def searcher_operation(
 
     Right after the harness completed an operation the searcher may not have acted on it yet (the
     lifecycle loop does, within a tick): this waits up to ``timeoutSeconds`` (≤ 60) for its answer rather
-    than hand the completed operation out again, then says ``pending`` (ask again). A trial the searcher
-    holds (it is being paused until a promotion) gets no operation, so its script ends and it pauses.
+    than hand the completed operation out again, then says ``pending`` (ask again). A trial being paused
+    (by the searcher until a promotion, or by the user) gets no operation, so its script ends and it pauses.
     """
 
     def read() -> tuple[int | None, harness.OpState]:
@@ -243,12 +243,16 @@ async def searcher_operation(
 
     deadline = time.monotonic() + max(0, min(timeoutSeconds, MAX_LONG_POLL_S))
     while True:
+        passes = notify.searcher_passes()  # before the read: a pass that ends during it is not missed
         length, op_state = await run_in_threadpool(read)
         if op_state is not harness.OpState.WAITING:
             break
-        if time.monotonic() >= deadline:
+        # Nothing changes for this trial until the loop's next pass over the searchers (or a pause, which
+        # the loop's pass also follows): wait for one, cheaply, then read again.
+        while notify.searcher_passes() == passes and time.monotonic() < deadline:
+            await asyncio.sleep(min(OP_POLL_S, max(0.0, deadline - time.monotonic())))
+        if notify.searcher_passes() == passes:
             return {"op": None, "completed": False, "pending": True}
-        await asyncio.sleep(min(OP_POLL_S, max(0.0, deadline - time.monotonic())))
     ready = op_state is harness.OpState.READY and length is not None
     return {
         "op": {"validateAfter": {"length": length}} if ready else None,

@@ -85,6 +85,7 @@ class LifecycleLoop:
                 log.info("experiment %s: searcher step retried next tick (%s)", exp_id, e)
             except Exception:
                 log.exception("experiment %s: the searcher failed", exp_id)
+        notify.searchers_driven()
 
     # ---- restart reconciliation ----------------------------------------------------------------------
     def reconcile(self, cli: SlurmCli) -> None:

@@ -78,7 +78,7 @@ class OpState(enum.Enum):
     READY = "ready"  # an operation the harness has not completed yet
     DONE = "done"  # the searcher is done with the trial
     WAITING = "waiting"  # completed; the searcher has not decided what comes next yet
-    HELD = "held"  # completed, and the searcher pauses the trial (its run was asked to stop)
+    HELD = "held"  # completed, and the trial's run was asked to stop (a pause): no operation comes now
     NONE = "none"  # no operation was ever given
 
 
@@ -87,29 +87,29 @@ def searcher_operation(session: Session, trial_id: int) -> tuple[int | None, OpS
 
     The harness asks for the next operation right after completing one, usually before the lifecycle
     loop has shown the completion to the searcher: the old operation must then not be handed out again
-    (the script would train and validate the same length twice)."""
+    (the script would train and validate the same length twice). Until the searcher gives a longer one or
+    is done, the harness waits (ASHA may promote the trial once more results reach the rung) unless the
+    run is asked to stop (the searcher, or the user, pauses it): then the script's operations end."""
     trial = get_or_404(session, TrialModel, trial_id, "trial")
     length = trial.searcher_op_length
     if trial.searcher_done:
         return length, OpState.DONE
     if length is None:
         return None, OpState.NONE
-    consumed = session.scalars(
-        select(SearcherOpCompletionModel.consumed).where(
-            SearcherOpCompletionModel.trial_id == trial_id, SearcherOpCompletionModel.length >= length
-        )
-    ).all()
-    if not consumed:
+    completed = session.scalar(
+        select(SearcherOpCompletionModel.id)
+        .where(SearcherOpCompletionModel.trial_id == trial_id, SearcherOpCompletionModel.length >= length)
+        .limit(1)
+    )
+    if completed is None:
         return length, OpState.READY
-    # Seen by the searcher but no new operation: it may still promote the trial (ASHA waits for more results
-    # at the rung) or pause it. Only a pause ends the script's operations; until then the harness waits.
     stopping = session.scalar(
         select(TrialRunModel.preempt_requested)
         .where(TrialRunModel.trial_id == trial_id, TrialRunModel.state.in_(LIVE_RUN_STATES))
         .order_by(TrialRunModel.run_number.desc())
         .limit(1)
     )
-    return length, OpState.HELD if all(consumed) and stopping else OpState.WAITING
+    return length, OpState.HELD if stopping else OpState.WAITING
 
 
 def complete_searcher_operation(session: Session, trial_id: int, length: int, metric: float | None) -> None:

@@ -67,6 +67,19 @@ def _results(log: str) -> dict[int, dict[str, Any]]:
     return rows
 
 
+def _four_rank_results(
+    master: Master, headers: dict[str, str], config: str, context: str
+) -> tuple[dict[str, Any], str, dict[int, dict[str, Any]]]:
+    """Run a 4-slot experiment to completion: its trial, its one run's log, and every rank's RESULT row."""
+    exp = master.create_experiment(headers, config, CONTEXTS / context)
+    assert master.wait_state(headers, exp, TERMINAL, 180) == "STATE_COMPLETED", master.diagnose(exp)
+    trial = _only_trial(master, headers, exp)
+    (log,) = _run_logs(master, exp, trial["id"])
+    rows = _results(log)
+    assert sorted(rows) == [0, 1, 2, 3], log
+    return trial, log, rows
+
+
 def _flat(tensors: list[list[float]]) -> list[float]:
     return [x for t in tensors for x in t]
 
@@ -102,12 +115,7 @@ max_restarts: 0
 def test_ddp_on_two_nodes_averages_gradients_and_core_allgather_sees_every_rank(
     master: Master, alice: dict[str, str]
 ) -> None:
-    exp = master.create_experiment(alice, DDP, CONTEXTS / "ddp")
-    assert master.wait_state(alice, exp, TERMINAL, 180) == "STATE_COMPLETED", master.diagnose(exp)
-    trial = _only_trial(master, alice, exp)
-    (log,) = _run_logs(master, exp, trial["id"])
-    rows = _results(log)
-    assert sorted(rows) == [0, 1, 2, 3], log
+    trial, log, rows = _four_rank_results(master, alice, DDP, "ddp")
     assert len({r["host"] for r in rows.values()}) == 2, log
     for prefix_rank, r in rows.items():
         assert r["rank"] == r["dist_rank"] == prefix_rank and r["size"] == r["dist_world"] == 4
@@ -162,12 +170,7 @@ max_restarts: 0
 def test_mpi4py_allreduce_across_two_nodes_through_the_mpi_launcher(
     master: Master, alice: dict[str, str]
 ) -> None:
-    exp = master.create_experiment(alice, MPI, CONTEXTS / "mpi")
-    assert master.wait_state(alice, exp, TERMINAL, 180) == "STATE_COMPLETED", master.diagnose(exp)
-    trial = _only_trial(master, alice, exp)
-    (log,) = _run_logs(master, exp, trial["id"])
-    rows = _results(log)
-    assert sorted(rows) == [0, 1, 2, 3], log
+    trial, log, rows = _four_rank_results(master, alice, MPI, "mpi")
     hosts = [rows[i]["host"] for i in range(4)]
     assert len(set(hosts)) == 2 and hosts[0] == hosts[1] and hosts[2] == hosts[3], log
     for prefix_rank, r in rows.items():
@@ -336,12 +339,7 @@ def test_horovod_allreduce_across_two_nodes_through_the_horovod_launcher(
     master: Master, alice: dict[str, str]
 ) -> None:
     config = HOROVOD.format(site=HOROVOD_SITES[-1].parent)
-    exp = master.create_experiment(alice, config, CONTEXTS / "horovod")
-    assert master.wait_state(alice, exp, TERMINAL, 180) == "STATE_COMPLETED", master.diagnose(exp)
-    trial = _only_trial(master, alice, exp)
-    (log,) = _run_logs(master, exp, trial["id"])
-    rows = _results(log)
-    assert sorted(rows) == [0, 1, 2, 3], log
+    _, log, rows = _four_rank_results(master, alice, config, "horovod")
     assert len({r["host"] for r in rows.values()}) == 2, log
     for prefix_rank, r in rows.items():
         assert r["rank"] == prefix_rank and r["size"] == 4

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import CheckpointModel, ExperimentModel, MetricModel, SessionModel, TrialModel
-from hpc_master.services import context, lifecycle
+from hpc_master.services import context, lifecycle, notify
 from hpc_master.services.states import TerminationReason
 
 from .helpers import CONFIG, context_file, count, create_experiment, login, make_user
@@ -320,29 +320,36 @@ def test_harness_signals_and_searcher(client: TestClient, sessions: sessionmaker
     )
     best = client.get(f"/api/v1/experiments/{exp_id}/searcher/best_searcher_validation_metric", headers=h)
     assert best.json() == {"metric": 0.25}
-    # The completed operation is never handed out again: until the searcher has seen the completion the
-    # answer is "pending" (after a long poll), then whatever the searcher decided.
+    # The completed operation is never handed out again. Its run was asked to stop above (a pause): no
+    # operation, so the script's operations() ends and the job exits to be paused.
     url = f"/api/v1/trials/{trial_id}/searcher/operation"
-    assert client.get(f"{url}?timeoutSeconds=0", headers=h).json() == {
-        "op": None,
-        "completed": False,
-        "pending": True,
-    }
-    with transaction(sessions) as s:
-        assert [c.length for c in lifecycle.take_searcher_op_completions(s)] == [100]
-    # Seen, no new operation: the searcher may still promote the trial (pending) or pause it (no op, so the
-    # script's operations() ends and the job exits to be paused). Its run was asked to stop above.
     assert client.get(url, headers=h).json() == {"op": None, "completed": False}
     with transaction(sessions) as s:
         run = lifecycle.live_run_of(s, trial_id)
         assert run is not None
         run.preempt_requested = False
-    assert client.get(f"{url}?timeoutSeconds=0", headers=h).json()["pending"] is True
+    # Not stopping: wait for the searcher's decision, before and after it has seen the completion ("pending"
+    # after the long poll; no lifecycle loop runs here). ASHA may still promote the trial.
+    pending = {"op": None, "completed": False, "pending": True}
+    assert client.get(f"{url}?timeoutSeconds=0", headers=h).json() == pending
+    with transaction(sessions) as s:
+        assert [c.length for c in lifecycle.take_searcher_op_completions(s)] == [100]
+    assert client.get(f"{url}?timeoutSeconds=0", headers=h).json() == pending
+
+    def promote() -> None:  # what the lifecycle loop does: a searcher pass gives the trial a longer op
+        time.sleep(0.3)
+        with transaction(sessions) as s:
+            lifecycle.set_searcher_operation(s, trial_id, 400)
+        notify.searchers_driven()
+
+    promoter = threading.Thread(target=promote)
+    promoter.start()
+    # The long poll re-reads after the pass and answers with the new operation, not "pending".
+    got = client.get(f"{url}?timeoutSeconds=30", headers=h).json()
+    promoter.join()
+    assert got == {"op": {"validateAfter": {"length": 400}}, "completed": False}
     with transaction(sessions) as s:
         lifecycle.request_preemption(s, run.id)
-    with transaction(sessions) as s:
-        lifecycle.set_searcher_operation(s, trial_id, 400)  # promoted
-    assert client.get(url, headers=h).json() == {"op": {"validateAfter": {"length": 400}}, "completed": False}
     assert client.get(
         f"/api/v1/allocations/{trial_id}.1/signals/preemption?timeoutSeconds=5", headers=h
     ).json() == {"preempt": True}
