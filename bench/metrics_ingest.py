@@ -6,7 +6,9 @@ For each backend (SQLite always; PostgreSQL with --pg-url or DET_TEST_PG_URL) an
 ``det-master`` (uvicorn, one process) on a loopback port, drive ``POST /api/v1/trials/{id}/metrics/batch`` from
 client processes (each a closed loop with one request in flight, keep-alive), and count rows acknowledged per
 second. Next to it, the raw rate of inserting the same rows into the same database (DBAPI ``executemany`` of
-the same INSERT … ON CONFLICT DO NOTHING, one transaction per batch). Then a durability check: stream batches,
+the same INSERT … ON CONFLICT DO NOTHING, one transaction per batch). Once per batch size, the HTTP ceiling: the
+same clients against the same server stack running an app that only parses the body (``bench/_ingest_ceiling.py``),
+which bounds what any ingest route can accept on this machine. Then a durability check: stream batches,
 ``kill -9`` the master mid-stream, and verify every row of every 2xx-acknowledged batch is in the database.
 """
 
@@ -93,6 +95,30 @@ def prepare(url: str, trials: int) -> Target:
     return Target(url, ids, tokens)
 
 
+def wait_listening(proc: subprocess.Popen[bytes], port: int, workdir: Path) -> subprocess.Popen[bytes]:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("GET", "/api/v1/master")
+            if conn.getresponse().status == 200:
+                return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"server on port {port} did not start; see {workdir}")
+
+
+def start_ceiling(port: int, workdir: Path) -> subprocess.Popen[bytes]:
+    log = open(workdir / f"ceiling-{port}.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("_ingest_ceiling.py")), str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    return wait_listening(proc, port, workdir)
+
+
 def start_master(db_url: str, port: int, workdir: Path) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
@@ -108,17 +134,7 @@ def start_master(db_url: str, port: int, workdir: Path) -> subprocess.Popen[byte
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            conn.request("GET", "/api/v1/master")
-            if conn.getresponse().status == 200:
-                return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"master did not start; see {workdir}")
+    return wait_listening(proc, port, workdir)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -314,6 +330,16 @@ def bench_backend(
             )
     finally:
         stop(proc)
+    if name == "sqlite":  # the HTTP ceiling does not depend on the database: measured once
+        port = free_port()
+        proc = start_ceiling(port, workdir)
+        try:
+            for run, batch in enumerate(BATCH_SIZES, start=11):
+                ceiling, errors = api_rate(port, target, batch, clients, duration_s, run)
+                rows.append({"backend": "HTTP ceiling (no DB)", "batch": batch, "ceiling": ceiling})
+                print(f"  HTTP ceiling batch={batch}: {ceiling:,.0f} rows/s, errors {errors}", flush=True)
+        finally:
+            stop(proc)
     acked, found, lost = durability(db_url, workdir, target, kill_after_s=1.0 if duration_s < 3 else 2.0)
     rows.append({"backend": name, "durability": (acked, found, lost)})
     with create_engine(db_url).connect() as c:
@@ -352,13 +378,17 @@ def main() -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     print()
-    print("| backend | batch | API rows/s | raw insert rows/s | API / raw | errors |")
-    print("|---|---:|---:|---:|---:|---:|")
+    ceilings = {r["batch"]: r["ceiling"] for r in results if "ceiling" in r}
+    print("| backend | batch | API rows/s | raw insert rows/s | API / raw | API / HTTP ceiling | errors |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        if "batch" in r:
+        if "ceiling" in r:
+            print(f"| {r['backend']} | {r['batch']} | {r['ceiling']:,.0f} | – | – | 1.00 | 0 |")
+        elif "batch" in r:
             print(
                 f"| {r['backend']} | {r['batch']} | {r['api']:,.0f} | {r['raw']:,.0f} | "
-                f"{r['api'] / r['raw']:.2f} | {r['errors']} |"
+                f"{r['api'] / r['raw']:.2f} | {r['api'] / ceilings.get(r['batch'], float('nan')):.2f} | "
+                f"{r['errors']} |"
             )
     print()
     print("| backend | kill -9 mid-stream: rows acked (2xx) | acked rows in DB | lost |")

@@ -44,6 +44,26 @@ from slurm_backend import JobStatus, Outcome, Poller, SlurmCli
 log = logging.getLogger(__name__)
 PLATFORM_ROOT = str(Path(hpc_master.__file__).resolve().parents[1])
 CONTEXT_FILE = "context.tar.gz"
+JOB_PACKAGES = ("harness", "containers", "launchers")  # what jobs import from the platform's install
+
+
+def compile_job_code(root: str = PLATFORM_ROOT) -> bool:
+    """Compile the job-side packages' bytecode into their ``__pycache__``.
+
+    Jobs import these packages as their owner's Unix account, which usually cannot write to the master's
+    install, so without bytecode compiled here every job compiles them from source again (measured: 18 ms of
+    the job entry's 89 ms start). ``pip install`` compiles at install time; a source checkout or an editable
+    install does not. Best effort: what cannot be written (a read-only install) stays as it is. Returns
+    whether everything compiled.
+    """
+    import compileall
+
+    ok = True
+    for package in JOB_PACKAGES:
+        path = os.path.join(root, package)
+        if os.path.isdir(path):
+            ok = bool(compileall.compile_dir(path, quiet=2)) and ok
+    return ok
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import ExperimentModel
 from hpc_master.lifecycle import searchers
-from hpc_master.lifecycle.jobs import JobDriver
+from hpc_master.lifecycle.jobs import JobDriver, compile_job_code
 from hpc_master.services import lifecycle as svc
 from hpc_master.services import notify
 from hpc_master.services.common import InvalidTransitionError
@@ -112,6 +112,8 @@ class LifecycleLoop:
     # ---- thread ----------------------------------------------------------------------------------------
     def start(self) -> None:
         if self.jobs is not None:
+            if not compile_job_code():
+                log.info("some job-side modules could not be byte-compiled; jobs compile them as they start")
             self.reconcile(self.jobs.cli)
         self._thread = threading.Thread(target=self._run, name="lifecycle-loop", daemon=True)
         self._thread.start()
