@@ -36,7 +36,6 @@ router = APIRouter(prefix="/api/v1", tags=["harness"])
 
 PREEMPTION_POLL_S = 0.5
 MAX_LONG_POLL_S = 60
-OP_POLL_S = 0.1
 OP_LONG_POLL_S = 20  # under the harness's 30 s request timeout
 
 
@@ -248,10 +247,8 @@ async def searcher_operation(
         if op_state is not harness.OpState.WAITING:
             break
         # Nothing changes for this trial until the loop's next pass over the searchers (or a pause, which
-        # the loop's pass also follows): wait for one, cheaply, then read again.
-        while notify.searcher_passes() == passes and time.monotonic() < deadline:
-            await asyncio.sleep(min(OP_POLL_S, max(0.0, deadline - time.monotonic())))
-        if notify.searcher_passes() == passes:
+        # the loop's pass also follows): wait for the loop to say it made one, then read again.
+        if not await notify.next_searcher_pass(passes, deadline - time.monotonic()):
             return {"op": None, "completed": False, "pending": True}
     ready = op_state is harness.OpState.READY and length is not None
     return {
