@@ -11,7 +11,11 @@ and ``mode`` picks the brackets' rung counts: ``aggressive`` → ``[max_rungs]``
 the most rungs (most early stopping) first. ``max_trials`` is split so that every bracket gets
 roughly the same compute (weight ``divisor**(rungs-1) / rungs``, at least one trial each, the
 remainder to the first bracket); ``max_concurrent_trials`` is split evenly with the remainder to the
-first brackets (0 → each bracket ``max(trials of the last bracket, int(divisor))``).
+first brackets, after raising it to the number of brackets so that each gets at least one (0 → each
+bracket ``max(trials of the last bracket, int(divisor))``). Each bracket keeps its share busy for
+as long as it has trials to create and a freed slot is never lent to another bracket, as in
+Determined, so each bracket gets worker time in proportion to its share of ``max_concurrent_trials``
+(16 with ``mode: standard``: 6, 5 and 5 for the 5-, 4- and 3-rung brackets).
 
 Each bracket is an ``async_halving`` search (``asha.py``); ``promotion`` (``pause`` by default, or
 ``continue`` = Determined's ``stop_once: true``) applies to all brackets. Events go to the bracket

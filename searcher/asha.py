@@ -15,6 +15,11 @@ Two ways to treat a trial that reaches a rung and is not among the best ``1/divi
     may grow by one; if the trial now deserving promotion is a paused one, it is **resumed** from
     its checkpoint and trained to the next rung. Once all ``max_trials`` trials have reported at
     the bottom rung, paused trials that can no longer be promoted are stopped, rung by rung.
+    A promotion is made the moment it becomes due, in the slot the reporting trial frees, so no
+    rung ever holds an unpromoted trial among its best ``int(n / divisor)``: this is the ASHA
+    paper's ``get_job`` (Li et al., 2020, Algorithm 2: scan the rungs top down for a promotable
+    trial, else start a new one) done incrementally, and a new trial is never started while a
+    promotion is owed (``test_asha_pause_promotes_as_soon_as_a_trial_deserves_it``).
 ``promotion: "continue"`` (Determined's ``stop_once: true``)
     Stopping-based ASHA. A trial in the top ``max(int(n / divisor), 1)`` of its rung so far goes
     straight on; any other is stopped for good. Nothing is ever paused or resumed.

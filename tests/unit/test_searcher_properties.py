@@ -27,8 +27,8 @@ from searcher import (
     action_to_dict,
     make_search_method,
 )
-from searcher.adaptive_asha import brackets_for
-from searcher.asha import default_max_concurrent, rung_lengths
+from searcher.adaptive_asha import AdaptiveASHA, brackets_for
+from searcher.asha import AsyncHalving, default_max_concurrent, rung_lengths
 from searcher.config import parse_searcher_config
 from searcher.hparams import grid, grid_size, grid_values, parse_space, sample
 from searcher.simulate import SimConfig, SimulationError, Summary, SyntheticCurves, simulate
@@ -381,3 +381,54 @@ def test_rung_lengths_follow_the_formula(max_length: int, divisor: float, num_ru
     lengths = rung_lengths(max_length, divisor, num_rungs)
     assert lengths == [max(int(max_length / divisor ** (num_rungs - 1 - i)), 1) for i in range(num_rungs)]
     assert lengths[-1] == max_length
+
+
+class CheckingPromotions:
+    """After every event, checks the paper's ASHA rule (Li et al., Algorithm 2, ``get_job``) on
+    every bracket: no rung below the top holds an unpromoted trial among its best
+    ``int(n / divisor)``, so a freed worker never starts a new trial while a promotion is owed; and,
+    with trials left to create, every bracket keeps ``max_concurrent_trials`` trials at work."""
+
+    def __init__(self, method: SearchMethod, unlimited: bool) -> None:
+        self.method, self.unlimited, self.events = method, unlimited, 0
+
+    def __getattr__(self, name: str) -> Callable[..., list[Action]]:
+        def call(*args: Any) -> list[Action]:
+            out: list[Action] = getattr(self.method, name)(*args)
+            algorithm = self.method.algorithm
+            subs = algorithm.subs if isinstance(algorithm, AdaptiveASHA) else [algorithm]
+            for sub in subs:
+                assert isinstance(sub, AsyncHalving)
+                for entries in sub.rungs[:-1]:
+                    assert all(promoted for _, _, promoted in entries[: int(len(entries) / sub.divisor)])
+            if self.unlimited and name == "on_validation_completed":
+                assert self.method.running_trials() == sum(s.initial_trials for s in subs)
+            self.events += 1
+            return out
+
+        return call
+
+
+@FAST
+@given(
+    st.sampled_from(["aggressive", "standard", "conservative"]),
+    st.integers(1, 16),
+    st.sampled_from([20, 10_000]),
+    st.integers(0, 2**16),
+)
+def test_asha_pause_promotes_as_soon_as_a_trial_deserves_it(
+    mode: str, workers: int, max_trials: int, seed: int
+) -> None:
+    cfg = {
+        "name": "adaptive_asha",
+        "metric": "loss",
+        "mode": mode,
+        "max_trials": max_trials,
+        "max_concurrent_trials": workers,
+        "max_length": {"batches": 81},
+        "divisor": 3,
+    }
+    check = CheckingPromotions(make_search_method(cfg, SPACE, seed), unlimited=max_trials == 10_000)
+    sim = SimConfig(workers=workers, start_overhead_s=1.0, resume_overhead_s=2.0, seed=seed, max_time_s=300.0)
+    simulate(check, SyntheticCurves(horizon=81, seed=seed, runtime_spread=0.5), sim)  # type: ignore[arg-type]
+    assert check.events > 0
