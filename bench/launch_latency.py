@@ -13,8 +13,11 @@ min(2 s, poll interval)).
    - bare: ``runuser -u researcher -- sbatch`` of a bash script with the same partition and resources
      (``-N1 --ntasks-per-node=1 --gres=gpu:1 --no-requeue``) that runs ``python3 bare.py``, whose first line
      records its start time (as the platform's entrypoint does) before it sleeps the same time.
-   Slurm's own wait from submission to start varies by a scheduling pass (see README, "Slurm settings"), so
-   the ratio is given on medians and on means over the pairs.
+   slurmctld schedules new batch jobs from a background loop that wakes on whole wall-clock seconds, so how
+   long a job waits depends on the fraction of a second at which it was submitted; back-to-back runs lock
+   onto a phase (waits of 0.12 or 0.45 or 0.99 s, nothing between). Each pair therefore starts both its
+   requests at the same phase of the second, the pairs' phases spread evenly over [0, 1); the ratio is
+   given on medians and on means.
 2. Throughput, M short trials (a ``grid`` search of M points, ``max_concurrent_trials`` = 4 × slots so that
    Slurm always has queued trials to start when one ends, each trial sleeps ``--trial-s``) next to M bare
    ``sbatch`` jobs of the same sleep, submitted back to back. Reported against the slot-time minimum
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -167,7 +171,13 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 # ---- latency: one job at a time ----------------------------------------------------------------------
 
 
-def bare_once(researcher: Researcher, script: Path, out_dir: Path) -> dict[str, float]:
+def at_phase(phase: float) -> None:
+    """Sleep until the wall clock's fraction of a second is ``phase``."""
+    time.sleep((phase - time.time()) % 1.0)
+
+
+def bare_once(researcher: Researcher, script: Path, out_dir: Path, phase: float = 0.0) -> dict[str, float]:
+    at_phase(phase)
     t0 = time.time()
     job = sbatch(researcher, script)
     t_sbatch = time.time()
@@ -192,8 +202,11 @@ def bare_once(researcher: Researcher, script: Path, out_dir: Path) -> dict[str, 
     }
 
 
-def platform_once(m: BenchMaster, headers: dict[str, str], context: Path, out_dir: Path) -> dict[str, float]:
+def platform_once(
+    m: BenchMaster, headers: dict[str, str], context: Path, out_dir: Path, phase: float = 0.0
+) -> dict[str, float]:
     config = single_config(out_dir, SLEEP_S)
+    at_phase(phase)
     t0 = time.time()
     exp = m.create_experiment(headers, config, context)
     t_created = time.time()
@@ -354,13 +367,15 @@ def main() -> None:
         bare_once(researcher, bare_lat, out_dir)
         lat_p: list[dict[str, float]] = []
         lat_b: list[dict[str, float]] = []
+        order = random.Random(0).sample(range(n_lat), n_lat)  # every phase once, not in order
         for i in range(n_lat):
+            phase = (order[i] + 0.5) / n_lat
             if i % 2 == 0:
-                lat_b.append(bare_once(researcher, bare_lat, out_dir))
-                lat_p.append(platform_once(m, alice, context, out_dir))
+                lat_b.append(bare_once(researcher, bare_lat, out_dir, phase))
+                lat_p.append(platform_once(m, alice, context, out_dir, phase))
             else:
-                lat_p.append(platform_once(m, alice, context, out_dir))
-                lat_b.append(bare_once(researcher, bare_lat, out_dir))
+                lat_p.append(platform_once(m, alice, context, out_dir, phase))
+                lat_b.append(bare_once(researcher, bare_lat, out_dir, phase))
             print(f"latency pair {i + 1}/{n_lat}: platform {lat_p[-1]} bare {lat_b[-1]}", flush=True)
 
         tp_p: list[dict[str, Any]] = []

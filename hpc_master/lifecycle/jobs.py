@@ -271,12 +271,14 @@ class JobDriver:
                     log.warning("scancel %s failed: %s", run.slurm_job_id, e)
 
     # ---- poll -----------------------------------------------------------------------------------------
-    def poll(self) -> None:
+    def poll(self) -> int:
+        """Apply what Slurm says of every live run; returns how many runs ended."""
         with self._tx() as s:
             live = svc.list_live_runs(s)
         jobs = {r.slurm_job_id: r for r in live if r.slurm_job_id}
         self.poller.watch_all(jobs)
         statuses = self.poller.poll()
+        ended = 0
         for job_id, run in jobs.items():
             status = statuses.get(job_id)
             if status is None:
@@ -290,8 +292,11 @@ class JobDriver:
                 except SlurmError as e:
                     log.warning("scancel %s failed: %s", job_id, e)
                 self._finish(run.run_id, run.experiment_id, run.trial_id, run.run_number, status)
+                ended += 1
             elif status.is_terminal:
                 self._finish(run.run_id, run.experiment_id, run.trial_id, run.run_number, status)
+                ended += 1
+        return ended
 
     def _finish(self, run_id: int, exp_id: int, trial_id: int, run_number: int, status: JobStatus) -> None:
         _, run_dir = run_dirs(self.job_storage_root, exp_id, trial_id, run_number)

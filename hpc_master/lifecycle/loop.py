@@ -45,13 +45,15 @@ class LifecycleLoop:
 
     # ---- one tick ------------------------------------------------------------------------------------
     def tick(self) -> None:
-        """Stop what must stop, learn how jobs ended, let the searchers react, then submit in the same tick
-        what they (or a failed run's restart) want running."""
-        if self.jobs is not None:
-            self.jobs.cancel_stopped()
-            self.jobs.poll()
+        """Let the searchers react to what the API recorded (a harness that completed an operation waits for
+        that answer, so it comes before any Slurm command), stop what must stop, learn how jobs ended and let
+        the searchers react to that too, then submit in the same tick what they (or a failed run's restart)
+        want running."""
         self.drive_searchers()
         if self.jobs is not None:
+            self.jobs.cancel_stopped()
+            if self.jobs.poll():
+                self.drive_searchers()
             self.jobs.submit_pending()
         self.housekeeping()
         self.ticks += 1
