@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 from hpc_master.lifecycle.jobs import JOB_PACKAGES, compile_job_code
@@ -29,12 +28,3 @@ def test_compile_job_code_reports_a_module_that_does_not_compile(tmp_path: Path)
     (tmp_path / "harness").mkdir()
     (tmp_path / "harness" / "broken.py").write_text("def f(:\n")
     assert compile_job_code(str(tmp_path)) is False
-
-
-def test_the_platforms_own_job_modules_have_bytecode_after_compiling() -> None:
-    compile_job_code()
-    import harness.exec.job_entry as entry
-
-    assert entry.__file__ is not None
-    cached = importlib.util.cache_from_source(entry.__file__)
-    assert os.path.getmtime(cached) >= os.path.getmtime(entry.__file__)
