@@ -302,25 +302,39 @@ class JobDriver:
         _, run_dir = run_dirs(self.job_storage_root, exp_id, trial_id, run_number)
         exit_info = _read_exit(Path(run_dir) / "exit.json")
         with self._tx() as s:
-            run = s.get(TrialRunModel, run_id)
-            trial = s.get(TrialModel, trial_id)
-            if run is None or trial is None:
-                return
-            ctx = RunContext(
-                trial_state=TrialState(trial.state),
-                pause_reason=trial.pause_reason,
-                preempt_requested=run.preempt_requested,
-                searcher_done=trial.searcher_done,
-                preempt_signal=self.config.preemption.signal,
-            )
-            reason = classify(status, exit_info, ctx)
-            outcome = svc.finish_trial_run(s, run_id, reason, describe(status, exit_info))
+            ended = record_run_end(s, run_id, status, exit_info, self.config.preemption.signal)
+        if ended is None:
+            return
+        reason, outcome = ended
         self.poller.unwatch(status.job_id)
         log.info(
             "trial %s run %s (job %s) ended: %s → trial %s%s",
             trial_id, run_number, status.job_id, reason, outcome.trial_state,
             ", resubmitting" if outcome.resubmit else "",
         )  # fmt: skip
+
+
+def record_run_end(
+    session: Session,
+    run_id: int,
+    status: JobStatus,
+    exit_info: dict[str, Any] | None,
+    preempt_signal: str,
+) -> tuple[TerminationReason, svc.RunOutcome] | None:
+    """Classify a finished job against what the master had asked of it, and apply the outcome."""
+    run = session.get(TrialRunModel, run_id)
+    trial = session.get(TrialModel, run.trial_id) if run is not None else None
+    if run is None or trial is None:
+        return None
+    ctx = RunContext(
+        trial_state=TrialState(trial.state),
+        pause_reason=trial.pause_reason,
+        preempt_requested=run.preempt_requested,
+        searcher_done=trial.searcher_done,
+        preempt_signal=preempt_signal,
+    )
+    reason = classify(status, exit_info, ctx)
+    return reason, svc.finish_trial_run(session, run_id, reason, describe(status, exit_info))
 
 
 def _ensure_image_cache(plan: dict[str, Any]) -> None:

@@ -53,6 +53,10 @@ def _asked_to_stop(ctx: RunContext) -> TerminationReason | None:
         return R.PAUSED_BY_SEARCHER
     if ctx.trial_state == TrialState.PAUSED:
         return R.PAUSED_BY_USER
+    if ctx.trial_state == TrialState.ACTIVE:
+        # Paused, then resumed (promoted, or the experiment activated) after the job had been told to stop:
+        # its script ends without finishing its work, so it must run again at once.
+        return R.PAUSE_CALLED_OFF
     return None
 
 

@@ -186,8 +186,8 @@ def _resume(session: Session, trial: TrialModel) -> None:
         trial.pause_reason = None
         run = svc.live_run_of(session, trial.id)
         if run is not None:
-            # If the job already saw the request it exits after a checkpoint and is resubmitted at once.
-            run.preempt_requested = False
+            # If its job was already told to stop, it exits and is resubmitted at once (PAUSE_CALLED_OFF).
+            svc.call_off_stop(session, run)
 
 
 def _stop(session: Session, trial: TrialModel) -> None:

@@ -24,6 +24,7 @@ from hpc_master.errors import ClientError, ConfigError, PermissionDeniedError
 from hpc_master.services import context as ctx
 from hpc_master.services.common import InvalidTransitionError, get_or_404, record_event
 from hpc_master.services.lifecycle import (
+    call_off_stop,
     live_run_of,
     maybe_finish_experiment,
     set_experiment_state,
@@ -203,9 +204,13 @@ def activate_experiment(session: Session, principal: Principal, experiment_id: i
     set_experiment_state(session, experiment, ExperimentState.ACTIVE, f"activated by {principal.username}")
     for trial in _trials(session, experiment_id, {TrialState.PAUSED}):
         if trial.pause_reason in (None, TerminationReason.PAUSED_BY_USER):
+            trial.pause_reason = None
             set_trial_state(
                 session, trial, TrialState.ACTIVE, f"experiment activated by {principal.username}"
             )
+            run = live_run_of(session, trial.id)
+            if run is not None:  # still stopping for the pause: go on in place if its job was not told yet
+                call_off_stop(session, run)
     return experiment
 
 

@@ -11,9 +11,10 @@ from hpc_master.db.models import ExperimentModel, SearcherOpCompletionModel, Tri
 from hpc_master.errors import ClientError, NotFoundError
 from hpc_master.services.common import get_or_404
 from hpc_master.services.experiments import searcher_metric
+from hpc_master.services.lifecycle import live_run_of, mark_stop_delivered
 from hpc_master.services.metrics import MetricReport, metric_value
 from hpc_master.services.searcher_units import searcher_units
-from hpc_master.services.states import EARLY_EXIT_REASONS, LIVE_RUN_STATES
+from hpc_master.services.states import EARLY_EXIT_REASONS
 
 
 def parse_allocation_id(allocation_id: str) -> tuple[int, int]:
@@ -67,7 +68,8 @@ def report_early_exit(session: Session, trial_id: int, reason: str) -> None:
 
 
 def preemption_state(session: Session, trial_id: int, run_number: int) -> bool:
-    return run_by_number(session, trial_id, run_number).preempt_requested
+    """Whether the job should checkpoint and exit; a ``True`` answer is recorded as delivered."""
+    return mark_stop_delivered(session, run_by_number(session, trial_id, run_number))
 
 
 def ack_preemption(session: Session, trial_id: int, run_number: int) -> None:
@@ -103,12 +105,8 @@ def searcher_operation(session: Session, trial_id: int) -> tuple[int | None, OpS
     )
     if completed is None:
         return length, OpState.READY
-    stopping = session.scalar(
-        select(TrialRunModel.preempt_requested)
-        .where(TrialRunModel.trial_id == trial_id, TrialRunModel.state.in_(LIVE_RUN_STATES))
-        .order_by(TrialRunModel.run_number.desc())
-        .limit(1)
-    )
+    run = live_run_of(session, trial_id)
+    stopping = run is not None and mark_stop_delivered(session, run)
     return length, OpState.HELD if stopping else OpState.WAITING
 
 

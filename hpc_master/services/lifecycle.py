@@ -331,6 +331,35 @@ def request_preemption(session: Session, run_id: int) -> None:
         run.preempt_requested = True
 
 
+def mark_stop_delivered(session: Session, run: TrialRunModel) -> bool:
+    """Whether the run is asked to stop; if so, record that its job is being told (it will exit).
+
+    Called by the harness routes that tell a job to stop (the preemption long poll answering ``preempt``,
+    the searcher operation answering "no operation"). The row lock makes this and `call_off_stop` one
+    handshake on PostgreSQL (SQLite's ``BEGIN IMMEDIATE`` serializes them anyway): a stop is either called
+    off before the job hears of it, or the job hears of it and its exit is known to have been asked for.
+    """
+    if not run.preempt_requested:
+        return False
+    session.refresh(run, with_for_update=True)
+    if run.preempt_requested and not run.preempt_acked:
+        run.preempt_acked = True
+    return run.preempt_requested
+
+
+def call_off_stop(session: Session, run: TrialRunModel) -> bool:
+    """Withdraw a pause request from a live run; False if its job was already told (it exits regardless).
+
+    A job told to stop is left to exit; `classify` sees the request with the trial active again and
+    resubmits the trial at once (``PAUSE_CALLED_OFF``).
+    """
+    session.refresh(run, with_for_update=True)
+    if run.preempt_acked:
+        return False
+    run.preempt_requested = False
+    return True
+
+
 def live_run_of(session: Session, trial_id: int) -> TrialRunModel | None:
     return session.scalar(
         select(TrialRunModel)

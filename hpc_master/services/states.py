@@ -167,6 +167,7 @@ class TerminationReason(enum.StrEnum):
     TIME_LIMIT_CHECKPOINTED = "TIME_LIMIT_CHECKPOINTED"
     PAUSED_BY_USER = "PAUSED_BY_USER"
     PAUSED_BY_SEARCHER = "PAUSED_BY_SEARCHER"
+    PAUSE_CALLED_OFF = "PAUSE_CALLED_OFF"
     CANCELED_BY_USER = "CANCELED_BY_USER"
     KILLED_BY_USER = "KILLED_BY_USER"
     NONZERO_EXIT = "NONZERO_EXIT"
@@ -207,6 +208,12 @@ TERMINATION_TABLE: dict[TerminationReason, Termination] = {
     _X.PAUSED_BY_USER: Termination(_R.PREEMPTED, _T.PAUSED, Retry.ON_ACTIVATE, "paused by the user"),
     _X.PAUSED_BY_SEARCHER: Termination(
         _R.PREEMPTED, _T.PAUSED, Retry.ON_ACTIVATE, "paused by the searcher until promoted"
+    ),
+    _X.PAUSE_CALLED_OFF: Termination(
+        _R.PREEMPTED,
+        None,
+        Retry.RESUBMIT,
+        "resumed while its job was already stopping for a pause; resubmitted from the latest checkpoint",
     ),
     _X.CANCELED_BY_USER: Termination(_R.CANCELED, _T.CANCELED, Retry.NEVER, "canceled by the user"),
     _X.KILLED_BY_USER: Termination(_R.CANCELED, _T.CANCELED, Retry.NEVER, "killed by the user"),

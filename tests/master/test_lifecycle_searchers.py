@@ -6,6 +6,7 @@ transaction per experiment, exactly as the loop calls it.
 
 from __future__ import annotations
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -160,3 +161,100 @@ def test_a_promotion_calls_off_a_pause_that_is_still_pending(
         assert trial is not None and run is not None
         assert trial.searcher_op_length == 100 and trial.pause_reason is None
         assert trial.state == "ACTIVE" and not run.preempt_requested
+
+
+def _told_to_stop(client: TestClient, headers: dict[str, str], trial_id: int, how: str) -> None:
+    """The job hears of the stop request the way a real harness does."""
+    if how == "operation":  # a ≤0.37 script asks for its next operation: none comes, so its script ends
+        r = client.get(f"/api/v1/trials/{trial_id}/searcher/operation?timeoutSeconds=0", headers=headers)
+        assert r.status_code == 200 and r.json() == {"op": None, "completed": False}, r.text
+    else:  # the harness's preemption long poll: should_preempt() becomes true
+        r = client.get(
+            f"/api/v1/allocations/{trial_id}.1/signals/preemption?timeoutSeconds=0", headers=headers
+        )
+        assert r.status_code == 200 and r.json() == {"preempt": True}, r.text
+
+
+def _job_exits_cleanly(sessions: sessionmaker[Session], trial_id: int) -> tuple[str, bool]:
+    """Its job ends with exit status 0, as Slurm reports it; → (termination reason, resubmitted?)."""
+    from hpc_master.lifecycle.jobs import record_run_end
+    from hpc_master.services import lifecycle as svc
+    from slurm_backend import JobStatus, Outcome
+
+    with transaction(sessions) as s:
+        run = svc.live_run_of(s, trial_id)
+        assert run is not None
+        status = JobStatus(job_id=str(run.slurm_job_id), outcome=Outcome.SUCCEEDED, slurm_state="COMPLETED")
+        ended = record_run_end(s, run.id, status, {"exitCode": 0, "preempted": False}, "SIGUSR1")
+        assert ended is not None
+        return str(ended[0]), ended[1].resubmit
+
+
+@pytest.mark.parametrize("how", ["operation", "preemption"])
+def test_a_promotion_after_the_job_was_told_to_pause_resubmits_the_trial(
+    client: TestClient, sessions: sessionmaker[Session], how: str
+) -> None:
+    """Pause → the job is told → Resume → the job exits 0: the trial must run again, not complete early.
+
+    (The e2e ASHA test once lost its best trial this way: it completed after its first rung.)"""
+    from hpc_master.services import lifecycle as svc
+
+    headers = login(client)
+    exp_id = _create(client, headers, ASHA)
+    _drive(sessions, exp_id)
+    trials = _trials(sessions, exp_id)
+    with transaction(sessions) as s:
+        for t in trials:
+            run = svc.allocate_trial_run(s, t.id)
+            svc.start_trial_run(s, run.id, f"90{t.id}")
+    _validate(client, headers, trials[0].id, 50, 0.9)  # alone in its rung → Pause
+    _drive(sessions, exp_id)
+    _told_to_stop(client, headers, trials[0].id, how)
+    for t, loss in zip(trials[1:], (0.8, 0.95, 0.99), strict=True):  # now it is in the top half → Resume
+        _validate(client, headers, t.id, 50, loss)
+    _drive(sessions, exp_id)
+    with transaction(sessions) as s:
+        trial = s.get(TrialModel, trials[0].id)
+        run = svc.live_run_of(s, trials[0].id)
+        assert trial is not None and run is not None
+        assert trial.state == "ACTIVE" and trial.searcher_op_length == 100
+        assert run.preempt_requested  # too late to call off: the job is exiting
+    assert _job_exits_cleanly(sessions, trials[0].id) == ("PAUSE_CALLED_OFF", True)
+    with transaction(sessions) as s:
+        trial = s.get(TrialModel, trials[0].id)
+        assert trial is not None and trial.state == "ACTIVE" and trial.restarts == 0
+        assert trials[0].id in [t.id for t in svc.list_trials_to_submit(s)]
+
+
+@pytest.mark.parametrize("told", [False, True])
+def test_activating_a_pausing_experiment_keeps_or_resubmits_its_trial(
+    client: TestClient, sessions: sessionmaker[Session], told: bool
+) -> None:
+    """`det e pause` then `det e activate` before the job exited: it goes on in place if it had not heard
+    of the pause yet; otherwise it exits and is resubmitted at once."""
+    from hpc_master.services import lifecycle as svc
+
+    headers = login(client)
+    exp_id = _create(client, headers, SINGLE)
+    _drive(sessions, exp_id)
+    (trial,) = _trials(sessions, exp_id)
+    with transaction(sessions) as s:
+        run = svc.allocate_trial_run(s, trial.id)
+        svc.start_trial_run(s, run.id, "9001")
+    assert client.post(f"/api/v1/experiments/{exp_id}/pause", headers=headers).status_code == 200
+    if told:
+        _told_to_stop(client, headers, trial.id, "preemption")
+    assert client.post(f"/api/v1/experiments/{exp_id}/activate", headers=headers).status_code == 200
+    with transaction(sessions) as s:
+        row = s.get(TrialModel, trial.id)
+        run = svc.live_run_of(s, trial.id)
+        assert row is not None and run is not None
+        assert row.state == "ACTIVE" and run.preempt_requested is told
+    if told:
+        assert _job_exits_cleanly(sessions, trial.id) == ("PAUSE_CALLED_OFF", True)
+    else:  # nothing asked of it any more: when its script finishes, the trial is done
+        r = client.get(
+            f"/api/v1/allocations/{trial.id}.1/signals/preemption?timeoutSeconds=0", headers=headers
+        )
+        assert r.json() == {"preempt": False}
+        assert _job_exits_cleanly(sessions, trial.id) == ("SEARCHER_DONE", False)

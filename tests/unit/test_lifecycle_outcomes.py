@@ -62,6 +62,19 @@ def status(outcome: Outcome, exit_code: int | None = 0) -> JobStatus:
             RunContext(TrialState.ACTIVE, R.PAUSED_BY_SEARCHER, preempt_requested=True, searcher_done=True),
             R.SEARCHER_DONE,
         ),
+        # Paused, then resumed (promoted, or activated) after the job was told: it exits and runs again.
+        (
+            Outcome.SUCCEEDED,
+            {"exitCode": 0, "preempted": False},
+            RunContext(TrialState.ACTIVE, None, preempt_requested=True, searcher_done=False),
+            R.PAUSE_CALLED_OFF,
+        ),
+        (
+            Outcome.FAILED,
+            {"exitCode": 1},
+            RunContext(TrialState.ACTIVE, None, preempt_requested=True, searcher_done=False),
+            R.NONZERO_EXIT,
+        ),
         (
             Outcome.CANCELLED,
             None,
@@ -86,5 +99,6 @@ def test_every_reason_classify_can_return_has_a_policy() -> None:
     # Preemption and checkpointed time limits resubmit without using up restarts; crashes count.
     assert TERMINATION_TABLE[R.SLURM_PREEMPTED].retry == Retry.RESUBMIT
     assert TERMINATION_TABLE[R.TIME_LIMIT_CHECKPOINTED].retry == Retry.RESUBMIT
+    assert TERMINATION_TABLE[R.PAUSE_CALLED_OFF].retry == Retry.RESUBMIT
     assert TERMINATION_TABLE[R.NONZERO_EXIT].retry == Retry.RESTART
     assert TERMINATION_TABLE[R.NODE_FAIL].retry == Retry.RESTART
