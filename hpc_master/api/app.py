@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from hpc_master.api import routes_auth, routes_experiments, routes_harness, routes_trials
 from hpc_master.api.deps import AppState
+from hpc_master.api.fast_ingest import MetricsFastPath
 from hpc_master.db.engine import make_engine, make_sessionmaker, transaction
 from hpc_master.db.migrate import upgrade_to_head
 from hpc_master.errors import ClientError, PayloadTooLargeError
@@ -130,5 +131,6 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
     # The harness routes first: the hot metrics route is matched after fewer patterns.
     for module in (routes_harness, routes_auth, routes_experiments, routes_trials):
         app.include_router(module.router)
-    app.add_middleware(BodyLimit)
+    app.add_middleware(MetricsFastPath)
+    app.add_middleware(BodyLimit)  # outermost: refuses oversize bodies before anything reads them
     return app

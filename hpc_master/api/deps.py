@@ -32,6 +32,8 @@ class AppState:
     master_id: str
     cluster_id: str
     writer: MetricsWriter = field(init=False)
+    fast_ingests: int = 0
+    """Metric batches answered by the fast path (``fast_ingest.MetricsFastPath``), for tests and benchmarks."""
 
     def __post_init__(self) -> None:
         self.writer = MetricsWriter(self.sessions)

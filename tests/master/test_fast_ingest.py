@@ -1,0 +1,128 @@
+"""The metrics fast path (``hpc_master.api.fast_ingest``), on SQLite and PostgreSQL: once a token is known it
+answers ``POST .../metrics/batch`` itself, with the route's answers, and hands everything else to the route."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from hpc_master.api.deps import AppState
+from hpc_master.db.engine import transaction
+from hpc_master.db.models import MetricModel, SearcherOpCompletionModel, TrialModel
+from tests.master.helpers import create_experiment, login, make_user
+from tests.master.test_api import bearer, make_trial
+
+
+def _state(client: TestClient) -> AppState:
+    state: AppState = client.app.state.det  # type: ignore[attr-defined]
+    return state
+
+
+def _batch(run: int, steps: range, group: str = "training") -> dict[str, Any]:
+    name = "validation_loss" if group == "validation" else "loss"  # the experiment's searcher metric
+    return {
+        "metrics": [
+            {"trialRunId": run, "stepsCompleted": s, "group": group, "metrics": {"avgMetrics": {name: 1 / s}}}
+            for s in steps
+        ]
+    }
+
+
+def _stored(sessions: sessionmaker[Session], trial_id: int) -> list[tuple[int, str, int]]:
+    with transaction(sessions) as s:
+        rows = s.execute(
+            select(MetricModel.trial_run_id, MetricModel.group, MetricModel.steps_completed)
+            .where(MetricModel.trial_id == trial_id)
+            .order_by(MetricModel.group, MetricModel.steps_completed)
+        ).all()
+        return [tuple(r) for r in rows]  # type: ignore[misc]
+
+
+def test_known_tokens_take_the_fast_path_with_the_routes_semantics(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    admin = login(client)
+    trial_id, token = make_trial(sessions, create_experiment(client, admin))
+    url = f"/api/v1/trials/{trial_id}/metrics/batch"
+    state = _state(client)
+
+    first = client.post(url, headers=bearer(token), json=_batch(1, range(1, 51)))
+    assert first.json() == {"accepted": 50, "duplicates": 0}
+    assert state.fast_ingests == 0  # an unknown token: the route authenticated it (and cached it)
+
+    r = client.post(url, headers=bearer(token), json=_batch(1, range(41, 101)))
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    assert r.json() == {"accepted": 50, "duplicates": 10}  # 41-50 were stored already
+    assert state.fast_ingests == 1
+    assert [row[2] for row in _stored(sessions, trial_id)] == list(range(1, 101))
+
+    # A replaced run's late rows are not stored (its successor may have rolled them back).
+    with transaction(sessions) as s:
+        trial = s.get(TrialModel, trial_id)
+        assert trial is not None and trial.steps_completed == 100
+        trial.run_id = 2
+    assert client.post(url, headers=bearer(token), json=_batch(1, range(101, 111))).json() == {
+        "accepted": 0,
+        "duplicates": 10,
+    }
+    assert client.post(url, headers=bearer(token), json=_batch(2, range(101, 111))).json() == {
+        "accepted": 10,
+        "duplicates": 0,
+    }
+    assert state.fast_ingests == 3
+    with transaction(sessions) as s:
+        trial = s.get(TrialModel, trial_id)
+        assert trial is not None and trial.steps_completed == 110
+
+    # Validations on the fast path still reach the searcher.
+    r = client.post(url, headers=bearer(token), json=_batch(2, range(100, 101), group="validation"))
+    assert r.json() == {"accepted": 1, "duplicates": 0} and state.fast_ingests == 4
+    with transaction(sessions) as s:
+        done = s.scalars(
+            select(SearcherOpCompletionModel.length).where(SearcherOpCompletionModel.trial_id == trial_id)
+        ).all()
+        assert list(done) == [100]
+
+
+def test_everything_else_is_answered_by_the_route_exactly_as_before(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    admin = login(client)
+    exp_id = create_experiment(client, admin)
+    trial_a, token_a = make_trial(sessions, exp_id, "a")
+    trial_b, _ = make_trial(sessions, exp_id, "b")
+    state = _state(client)
+    mallory = make_user(client, admin, "mallory")
+    cases = [
+        (trial_a, bearer(token_a), {"metrics": [{"stepsCompleted": -1}]}),  # a bad body
+        (trial_a, bearer(token_a), b'{"metrics": ['),  # not JSON
+        (trial_b, bearer(token_a), _batch(1, range(1, 3))),  # another trial's token
+        (trial_a, mallory, _batch(1, range(1, 3))),  # another user's trial
+        (trial_a, {"Authorization": "Bearer nope"}, _batch(1, range(1, 3))),  # an unknown token
+    ]
+
+    def answer(trial_id: int, headers: dict[str, str], body: Any) -> tuple[int, Any]:
+        url = f"/api/v1/trials/{trial_id}/metrics/batch"
+        if isinstance(body, bytes):
+            r = client.post(url, headers={**headers, "Content-Type": "application/json"}, content=body)
+        else:
+            r = client.post(url, headers=headers, json=body)
+        return r.status_code, r.json()
+
+    cold = []
+    for case in cases:
+        state.tokens.clear()  # the route authenticates every request
+        cold.append(answer(*case))
+    # Warm the cache for the known tokens, then the same requests reach the fast path first.
+    assert answer(trial_a, bearer(token_a), _batch(1, range(1, 2)))[0] == 200
+    assert answer(trial_a, mallory, _batch(1, range(1, 2)))[0] == 403
+    before = state.fast_ingests
+    warm = [answer(*case) for case in cases]
+    assert state.fast_ingests == before  # none of them was answered by the fast path
+    assert warm == cold
+    assert [status for status, _ in warm] == [400, 400, 403, 403, 401]
+    assert all(body["code"] and body["message"] for _, body in warm)
+    assert _stored(sessions, trial_a) == [(1, "training", 1)] and _stored(sessions, trial_b) == []
