@@ -13,7 +13,7 @@ from hpc_master.services.common import get_or_404
 from hpc_master.services.experiments import searcher_metric
 from hpc_master.services.lifecycle import live_run_of, mark_stop_delivered
 from hpc_master.services.metrics import MetricReport, metric_value
-from hpc_master.services.searcher_units import searcher_units
+from hpc_master.services.searcher_units import searcher_max_length, searcher_units
 from hpc_master.services.states import EARLY_EXIT_REASONS
 
 
@@ -91,7 +91,8 @@ def searcher_operation(session: Session, trial_id: int) -> tuple[int | None, OpS
     loop has shown the completion to the searcher: the old operation must then not be handed out again
     (the script would train and validate the same length twice). Until the searcher gives a longer one or
     is done, the harness waits (ASHA may promote the trial once more results reach the rung) unless the
-    run is asked to stop (the searcher, or the user, pauses it): then the script's operations end."""
+    run is asked to stop (the searcher, or the user, pauses it): then the script's operations end. A completed
+    operation of the searcher's ``max_length`` is the trial's last: the answer is "done" at once."""
     trial = get_or_404(session, TrialModel, trial_id, "trial")
     length = trial.searcher_op_length
     if trial.searcher_done:
@@ -105,6 +106,12 @@ def searcher_operation(session: Session, trial_id: int) -> tuple[int | None, OpS
     )
     if completed is None:
         return length, OpState.READY
+    experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
+    max_length = searcher_max_length(experiment.config)
+    if max_length is not None and length >= max_length:
+        # No search method asks a trial to train past max_length: the script may end now, without waiting
+        # for the lifecycle loop to show the searcher this completion (it closes the trial then).
+        return length, OpState.DONE
     run = live_run_of(session, trial_id)
     stopping = run is not None and mark_stop_delivered(session, run)
     return length, OpState.HELD if stopping else OpState.WAITING

@@ -39,3 +39,14 @@ def searcher_units(config: Mapping[str, Any], steps_completed: int, metrics: Map
     if not isinstance(rpe, int) or rpe <= 0:
         return steps_completed
     return math.floor(records / rpe)
+
+
+def searcher_max_length(config: Mapping[str, Any]) -> int | None:
+    """The most any search method asks one trial to train, in the searcher's unit (its last rung)."""
+    searcher = config.get("searcher") or {}
+    max_length = searcher.get("max_length")
+    if isinstance(max_length, Mapping) and len(max_length) == 1:
+        value = next(iter(max_length.values()))
+    else:
+        value = searcher.get("max_time")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -307,13 +307,13 @@ def test_harness_signals_and_searcher(client: TestClient, sessions: sessionmaker
         "completed": False,
     }
     with transaction(sessions) as s:
-        lifecycle.set_searcher_operation(s, trial_id, 100)
+        lifecycle.set_searcher_operation(s, trial_id, 50)  # a first rung (max_length is 100)
         run = lifecycle.live_run_of(s, trial_id)
         assert run is not None
         lifecycle.request_preemption(s, run.id)
     op = client.get(f"/api/v1/trials/{trial_id}/searcher/operation", headers=h).json()
-    assert op == {"op": {"validateAfter": {"length": 100}}, "completed": False}
-    body = {"op": {"validateAfter": {"length": 100}}, "searcherMetric": 0.25}
+    assert op == {"op": {"validateAfter": {"length": 50}}, "completed": False}
+    body = {"op": {"validateAfter": {"length": 50}}, "searcherMetric": 0.25}
     assert (
         client.post(f"/api/v1/trials/{trial_id}/searcher/completed_operation", headers=h, json=body).json()
         == {}
@@ -333,13 +333,13 @@ def test_harness_signals_and_searcher(client: TestClient, sessions: sessionmaker
     pending = {"op": None, "completed": False, "pending": True}
     assert client.get(f"{url}?timeoutSeconds=0", headers=h).json() == pending
     with transaction(sessions) as s:
-        assert [c.length for c in lifecycle.take_searcher_op_completions(s)] == [100]
+        assert [c.length for c in lifecycle.take_searcher_op_completions(s)] == [50]
     assert client.get(f"{url}?timeoutSeconds=0", headers=h).json() == pending
 
     def promote() -> None:  # what the lifecycle loop does: a searcher pass gives the trial a longer op
         time.sleep(0.3)
         with transaction(sessions) as s:
-            lifecycle.set_searcher_operation(s, trial_id, 400)
+            lifecycle.set_searcher_operation(s, trial_id, 100)
         notify.searchers_driven()
 
     promoter = threading.Thread(target=promote)
@@ -347,7 +347,15 @@ def test_harness_signals_and_searcher(client: TestClient, sessions: sessionmaker
     # The long poll re-reads after the pass and answers with the new operation, not "pending".
     got = client.get(f"{url}?timeoutSeconds=30", headers=h).json()
     promoter.join()
-    assert got == {"op": {"validateAfter": {"length": 400}}, "completed": False}
+    assert got == {"op": {"validateAfter": {"length": 100}}, "completed": False}
+    # An operation of max_length is the trial's last: once completed, the answer is "done" at once, before
+    # any searcher pass (none runs here), so the job ends without waiting for the lifecycle loop.
+    body = {"op": {"validateAfter": {"length": 100}}, "searcherMetric": 0.2}
+    assert (
+        client.post(f"/api/v1/trials/{trial_id}/searcher/completed_operation", headers=h, json=body).json()
+        == {}
+    )
+    assert client.get(f"{url}?timeoutSeconds=0", headers=h).json() == {"op": None, "completed": True}
     with transaction(sessions) as s:
         lifecycle.request_preemption(s, run.id)
     assert client.get(
@@ -375,7 +383,7 @@ def test_harness_signals_and_searcher(client: TestClient, sessions: sessionmaker
     assert (
         trial["progress"] == 0.5
         and trial["runnerState"] == "training"
-        and trial["searcherMetricValue"] == 0.25
+        and trial["searcherMetricValue"] == 0.2
     )
 
 
