@@ -183,6 +183,16 @@ def terminate(pids: list[int], *, timeout_s: float = 10) -> None:
             return
 
 
+def kill_now(pids: list[int]) -> None:
+    """SIGKILL every process at once (a power cut, as far as they can tell) and wait until they are gone."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+        time.sleep(0.02)
+
+
 def which(name: str) -> str | None:
     return shutil.which(name) or next(
         (str(Path(d, name)) for d in ("/usr/sbin", "/sbin") if Path(d, name).exists()), None
