@@ -13,6 +13,7 @@ after the commit, is the route's.
 from __future__ import annotations
 
 import re
+from functools import partial
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -22,7 +23,7 @@ from hpc_master.api.deps import AppState, check_trial_access
 from hpc_master.api.schemas import MetricsBatchRequest
 from hpc_master.auth import hash_token
 from hpc_master.services import harness, notify
-from hpc_master.services.metrics import MetricReport, ingest_metrics
+from hpc_master.services.metrics import MetricReport, ingest_metrics, sqlite_ingest_raw, sqlite_rows
 from hpc_master.services.users import Principal
 
 _PATH = re.compile(r"/api/v1/trials/([0-9]{1,18})/metrics/batch")
@@ -100,14 +101,19 @@ class MetricsFastPath:
             return
         try:
             reports = reports_of(MetricsBatchRequest.model_validate_json(body))
+            validations = any(r.group == "validation" for r in reports)
+            raw = None
+            if state.writer.takes_raw and principal.trial_id == trial_id and not validations:
+                # Plain training metrics of the trial's own harness: encoded here, stored in driver SQL.
+                raw = partial(sqlite_ingest_raw, trial_id=trial_id, rows=sqlite_rows(trial_id, reports))
             accepted, duplicates = await state.writer.run(
-                ingest_batch(principal, trial_id, reports), len(reports)
+                ingest_batch(principal, trial_id, reports), len(reports), raw
             )
         except Exception:  # a bad body (ValidationError), a trial that is gone, a database error
             await self.app(scope, _replay(body, more, receive), send)  # the route gives the error
             return
         state.fast_ingests += 1
-        if any(r.group == "validation" for r in reports):
+        if validations:
             notify.changed()  # the searcher reacts to validations
         payload = b'{"accepted":%d,"duplicates":%d}' % (accepted, duplicates)
         headers = [*_HEADERS, (b"content-length", str(len(payload)).encode())]

@@ -105,11 +105,11 @@ _SQLITE_RUN = "SELECT run_id FROM trials WHERE id = ?"
 _SQLITE_STEPS = "UPDATE trials SET steps_completed = ? WHERE id = ? AND steps_completed < ?"
 
 
-def _sqlite_insert_ignore(session: Session, trial_id: int, reports: list[MetricReport]) -> int:
-    """One DBAPI ``executemany`` (sqlite3 sums rowcount over the inserted rows only)."""
+def sqlite_rows(trial_id: int, reports: list[MetricReport]) -> list[tuple[Any, ...]]:
+    """The parameters of ``_SQLITE_INSERT`` for a batch (encoded by the request, not the writer)."""
     now = _sqlite_time(utcnow())
     dumps = _json_text
-    params = [
+    return [
         (
             trial_id,
             r.trial_run_id,
@@ -120,6 +120,27 @@ def _sqlite_insert_ignore(session: Session, trial_id: int, reports: list[MetricR
         )
         for r in reports
     ]
+
+
+def sqlite_ingest_raw(dbapi: Any, trial_id: int, rows: list[tuple[Any, ...]]) -> tuple[int, int]:
+    """`ingest_metrics` for SQLite on a DBAPI connection inside the caller's transaction (the metrics
+    writer's raw group): the same run filter, insert and ``steps_completed`` update, in driver SQL."""
+    found = dbapi.execute(_SQLITE_RUN, (trial_id,)).fetchone()
+    if found is None:
+        raise LookupError(f"trial {trial_id} not found")  # the ordinary path gives the API's answer
+    current_run = found[0] or 0
+    fresh = [r for r in rows if r[1] >= current_run]
+    if not fresh:
+        return 0, len(rows)
+    accepted = int(dbapi.executemany(_SQLITE_INSERT, fresh).rowcount)
+    max_steps = max(r[3] for r in fresh)
+    dbapi.execute(_SQLITE_STEPS, (max_steps, trial_id, max_steps))
+    return accepted, len(rows) - accepted
+
+
+def _sqlite_insert_ignore(session: Session, trial_id: int, reports: list[MetricReport]) -> int:
+    """One DBAPI ``executemany`` (sqlite3 sums rowcount over the inserted rows only)."""
+    params = sqlite_rows(trial_id, reports)
     result: Any = session.connection().exec_driver_sql(_SQLITE_INSERT, params)
     return int(result.rowcount)
 
