@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,10 +72,30 @@ def ingest_metrics(session: Session, trial_id: int, reports: list[MetricReport])
     return accepted, len(rows) - accepted
 
 
-_SQLITE_INSERT = (
-    'INSERT INTO metrics (trial_id, trial_run_id, "group", steps_completed, metrics, report_time) '
-    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
-)
+_SQLITE_INSERT_ROWS = 256
+"""Rows per multi-row INSERT: one statement step (one GIL release) per chunk instead of one per row, as an
+``executemany`` does; 256 × 6 parameters stay far below SQLite's limit of 32,766."""
+
+
+@functools.lru_cache(maxsize=16)
+def _sqlite_insert(rows: int) -> str:
+    values = ", ".join(["(?, ?, ?, ?, ?, ?)"] * rows)
+    return (
+        'INSERT INTO metrics (trial_id, trial_run_id, "group", steps_completed, metrics, report_time) '
+        f"VALUES {values} ON CONFLICT DO NOTHING"
+    )
+
+
+def _sqlite_insert_chunks(rows: list[tuple[Any, ...]]) -> Iterator[tuple[str, tuple[Any, ...]]]:
+    """(statement, flat parameters) covering ``rows``: chunks of 256, the rest in powers of two, so a
+    handful of statement texts serve every batch size (sqlite3 caches prepared statements by text)."""
+    i = 0
+    while i < len(rows):
+        n = min(_SQLITE_INSERT_ROWS, 1 << ((len(rows) - i).bit_length() - 1))
+        yield _sqlite_insert(n), tuple(v for row in rows[i : i + n] for v in row)
+        i += n
+
+
 _SQLITE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"  # how SQLAlchemy's DateTime stores values in SQLite
 
 
@@ -106,7 +128,7 @@ _SQLITE_STEPS = "UPDATE trials SET steps_completed = ? WHERE id = ? AND steps_co
 
 
 def sqlite_rows(trial_id: int, reports: list[MetricReport]) -> list[tuple[Any, ...]]:
-    """The parameters of ``_SQLITE_INSERT`` for a batch (encoded by the request, not the writer)."""
+    """The rows of ``_sqlite_insert`` for a batch (encoded by the request, not the writer)."""
     now = _sqlite_time(utcnow())
     dumps = _json_text
     return [
@@ -132,17 +154,18 @@ def sqlite_ingest_raw(dbapi: Any, trial_id: int, rows: list[tuple[Any, ...]]) ->
     fresh = [r for r in rows if r[1] >= current_run]
     if not fresh:
         return 0, len(rows)
-    accepted = int(dbapi.executemany(_SQLITE_INSERT, fresh).rowcount)
+    # rowcount of one INSERT … ON CONFLICT DO NOTHING counts only the rows it inserted.
+    accepted = sum(int(dbapi.execute(sql, params).rowcount) for sql, params in _sqlite_insert_chunks(fresh))
     max_steps = max(r[3] for r in fresh)
     dbapi.execute(_SQLITE_STEPS, (max_steps, trial_id, max_steps))
     return accepted, len(rows) - accepted
 
 
 def _sqlite_insert_ignore(session: Session, trial_id: int, reports: list[MetricReport]) -> int:
-    """One DBAPI ``executemany`` (sqlite3 sums rowcount over the inserted rows only)."""
-    params = sqlite_rows(trial_id, reports)
-    result: Any = session.connection().exec_driver_sql(_SQLITE_INSERT, params)
-    return int(result.rowcount)
+    """Multi-row INSERTs in driver SQL; returns how many rows were new."""
+    conn = session.connection()
+    chunks = _sqlite_insert_chunks(sqlite_rows(trial_id, reports))
+    return sum(int(conn.exec_driver_sql(sql, params).rowcount) for sql, params in chunks)
 
 
 def _bump_steps(session: Session, trial_id: int, reports: list[MetricReport]) -> None:

@@ -147,3 +147,39 @@ def test_a_trial_deleted_under_a_cached_token_gets_the_routes_error(
     assert r.status_code in (401, 404, 409) and r.json()["code"], r.text
     assert state.fast_ingests == before
     assert _stored(sessions, trial_id) == []
+
+
+def test_large_batches_with_scattered_duplicates_count_exactly(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    """Rows go in as multi-row INSERTs of up to 256 rows: accepted/duplicates must still be exact, on the
+    raw path (the trial's token) and the ORM path (a user's token)."""
+    admin = login(client)
+    trial_id, token = make_trial(sessions, create_experiment(client, admin))
+    url = f"/api/v1/trials/{trial_id}/metrics/batch"
+    odd = _batch(1, range(1, 1001, 2))  # 500 rows
+    assert client.post(url, headers=bearer(token), json=odd).json() == {"accepted": 500, "duplicates": 0}
+    everything = _batch(1, range(1, 1001))  # 1,000 rows, every other one already stored
+    assert client.post(url, headers=bearer(token), json=everything).json() == {
+        "accepted": 500,
+        "duplicates": 500,
+    }
+    more = _batch(1, range(901, 1301))  # as a user: the ORM path; 100 stored, 300 new
+    assert client.post(url, headers=admin, json=more).json() == {"accepted": 300, "duplicates": 100}
+    assert [row[2] for row in _stored(sessions, trial_id)] == list(range(1, 1301))
+
+
+def test_insert_chunks_cover_every_row_in_order_with_few_statement_shapes() -> None:
+    from hpc_master.services.metrics import _sqlite_insert_chunks
+
+    shapes: set[int] = set()
+    for n in (1, 2, 3, 100, 255, 256, 257, 1000, 5461):
+        rows = [(1, 1, "training", i, "{}", "t") for i in range(n)]
+        flat: list[Any] = []
+        for sql, params in _sqlite_insert_chunks(rows):
+            count = sql.count("(?, ?, ?, ?, ?, ?)")
+            assert len(params) == 6 * count
+            shapes.add(count)
+            flat += params
+        assert flat == [v for row in rows for v in row]
+    assert shapes <= {1, 2, 4, 8, 16, 32, 64, 128, 256}
