@@ -67,8 +67,11 @@ class MetricItem(ApiModel):
     report_time: dt.datetime | None = None
 
 
+MAX_BATCH_ROWS = 10_000
+
+
 class MetricsBatchRequest(ApiModel):
-    metrics: list[MetricItem] = Field(max_length=10_000)
+    metrics: list[MetricItem] = Field(max_length=MAX_BATCH_ROWS)
 
 
 class ReportMetricsRequest(ApiModel):

@@ -99,7 +99,7 @@ def _sqlite_insert_chunks(rows: list[tuple[Any, ...]]) -> Iterator[tuple[str, tu
 _SQLITE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S.%f"  # how SQLAlchemy's DateTime stores values in SQLite
 
 
-def _sqlite_time(value: dt.datetime) -> str:
+def sqlite_time(value: dt.datetime) -> str:
     if value.tzinfo is not None:
         value = value.astimezone(dt.UTC).replace(tzinfo=None)
     return value.strftime(_SQLITE_TIME_FORMAT)
@@ -129,7 +129,7 @@ _SQLITE_STEPS = "UPDATE trials SET steps_completed = ? WHERE id = ? AND steps_co
 
 def sqlite_rows(trial_id: int, reports: list[MetricReport]) -> list[tuple[Any, ...]]:
     """The rows of ``_sqlite_insert`` for a batch (encoded by the request, not the writer)."""
-    now = _sqlite_time(utcnow())
+    now = sqlite_time(utcnow())
     dumps = _json_text
     return [
         (
@@ -138,7 +138,7 @@ def sqlite_rows(trial_id: int, reports: list[MetricReport]) -> list[tuple[Any, .
             r.group,
             r.steps_completed,
             dumps(r.metrics),
-            _sqlite_time(r.report_time) if r.report_time else now,
+            sqlite_time(r.report_time) if r.report_time else now,
         )
         for r in reports
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -183,3 +184,52 @@ def test_insert_chunks_cover_every_row_in_order_with_few_statement_shapes() -> N
             flat += params
         assert flat == [v for row in rows for v in row]
     assert shapes <= {1, 2, 4, 8, 16, 32, 64, 128, 256}
+
+
+PLAIN = [
+    {"trialRunId": 1, "stepsCompleted": 5, "metrics": {"avgMetrics": {"loss": 0.5}}},
+    {"trialRunId": 2, "stepsCompleted": 0, "group": "gpu_util", "metrics": {"a": [1, 2.5, None], "é": "ü"}},
+    {"trialRunId": 1, "stepsCompleted": 6, "group": "training", "metrics": {"loss": float("nan"), "big": 2**70}},
+]
+ODD = [  # valid for the API, but not the plain form: pydantic decides
+    [{"trial_run_id": 1, "steps_completed": 5, "metrics": {}}],
+    [{"trialRunId": 1, "stepsCompleted": 5.0, "metrics": {}}],
+    [{"trialRunId": "1", "stepsCompleted": 5, "metrics": {}}],
+    [{"trialRunId": True, "stepsCompleted": 5, "metrics": {}}],  # pydantic's lax mode takes true as 1
+    [{"trialRunId": 1, "stepsCompleted": 5, "metrics": {}, "reportTime": "2026-11-23T01:02:03Z"}],
+    [{"trialRunId": 1, "stepsCompleted": 5, "metrics": {}, "extra": 1}],
+    [{"trialRunId": 1, "stepsCompleted": 5, "group": "validation", "metrics": {"validation_loss": 1}}],
+]
+INVALID = [
+    [{"trialRunId": -1, "stepsCompleted": 5, "metrics": {}}],
+    [{"trialRunId": 1, "stepsCompleted": 5, "group": "", "metrics": {}}],
+    [{"trialRunId": 1, "stepsCompleted": 5, "group": "g" * 65, "metrics": {}}],
+    [{"trialRunId": 1, "stepsCompleted": 5, "metrics": []}],
+    [{"trialRunId": 1, "metrics": {}}],
+]
+
+
+def test_the_plain_form_parses_to_exactly_what_validation_gives() -> None:
+    import json
+
+    from pydantic import ValidationError
+
+    from hpc_master.api.fast_ingest import plain_training_rows, reports_of
+    from hpc_master.api.schemas import MetricsBatchRequest
+    from hpc_master.services.metrics import sqlite_rows
+
+    body = json.dumps({"metrics": PLAIN}).encode()
+    plain = plain_training_rows(body, 7)
+    validated = sqlite_rows(7, reports_of(MetricsBatchRequest.model_validate_json(body)))
+    assert plain is not None and [r[:5] for r in plain] == [r[:5] for r in validated]
+    for items in ODD:
+        body = json.dumps({"metrics": items}).encode()
+        assert plain_training_rows(body, 7) is None
+        MetricsBatchRequest.model_validate_json(body)  # valid: the slower path stores it
+    for items in INVALID:  # never accepted by the plain form, refused by validation
+        body = json.dumps({"metrics": items}).encode()
+        assert plain_training_rows(body, 7) is None
+        with pytest.raises(ValidationError):
+            MetricsBatchRequest.model_validate_json(body)
+    for body in (b"", b"[]", b'{"metrics": {}}', b'{"metrics": [], "x": 1}', b'{"metrics": [1]}'):
+        assert plain_training_rows(body, 7) is None
