@@ -126,7 +126,8 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
         openapi_url="/openapi.json",
     )
     app.state.det = build_state(config, engine)
-    app.router.on_shutdown.append(app.state.det.writer.close)
+    app.router.on_startup.append(app.state.det.start)
+    app.router.on_shutdown.append(app.state.det.close)
     install_error_handlers(app)
     # The harness routes first: the hot metrics route is matched after fewer patterns.
     for module in (routes_harness, routes_auth, routes_experiments, routes_trials):

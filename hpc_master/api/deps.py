@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hpc_master.api.metrics_writer import MetricsWriter
 from hpc_master.auth import hash_token
+from hpc_master.db.checkpointer import WalCheckpointer, sqlite_file
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import ExperimentModel, TrialModel
 from hpc_master.errors import PermissionDeniedError, UnauthenticatedError
@@ -32,11 +33,24 @@ class AppState:
     master_id: str
     cluster_id: str
     writer: MetricsWriter = field(init=False)
+    checkpointer: WalCheckpointer | None = field(init=False)
     fast_ingests: int = 0
     """Metric batches answered by the fast path (``fast_ingest.MetricsFastPath``), for tests and benchmarks."""
 
     def __post_init__(self) -> None:
         self.writer = MetricsWriter(self.sessions)
+        path = sqlite_file(self.engine)
+        self.checkpointer = WalCheckpointer(path) if path else None
+
+    def start(self) -> None:
+        """Background work that lives as long as the app (started on the app's startup)."""
+        if self.checkpointer is not None:
+            self.checkpointer.start()
+
+    def close(self) -> None:
+        self.writer.close()
+        if self.checkpointer is not None:
+            self.checkpointer.stop()
 
     @contextmanager
     def tx(self) -> Iterator[Session]:

@@ -11,6 +11,10 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+SQLITE_AUTOCHECKPOINT_PAGES = 10_000
+"""A backstop: the master checkpoints from its own thread (``checkpointer.WalCheckpointer``), so a commit
+runs SQLite's automatic checkpoint (default: past 1,000 pages) only if that thread falls behind."""
+SQLITE_WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -22,6 +26,8 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     # promise the API makes; only an OS crash or power loss can lose the last commits.
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute(f"PRAGMA wal_autocheckpoint={SQLITE_AUTOCHECKPOINT_PAGES}")
+    cursor.execute(f"PRAGMA journal_size_limit={SQLITE_WAL_SIZE_LIMIT}")  # the WAL file shrinks back
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
 

@@ -189,7 +189,12 @@ def test_insert_chunks_cover_every_row_in_order_with_few_statement_shapes() -> N
 PLAIN = [
     {"trialRunId": 1, "stepsCompleted": 5, "metrics": {"avgMetrics": {"loss": 0.5}}},
     {"trialRunId": 2, "stepsCompleted": 0, "group": "gpu_util", "metrics": {"a": [1, 2.5, None], "é": "ü"}},
-    {"trialRunId": 1, "stepsCompleted": 6, "group": "training", "metrics": {"loss": float("nan"), "big": 2**70}},
+    {
+        "trialRunId": 1,
+        "stepsCompleted": 6,
+        "group": "training",
+        "metrics": {"loss": float("nan"), "big": 2**70},
+    },
 ]
 ODD = [  # valid for the API, but not the plain form: pydantic decides
     [{"trial_run_id": 1, "steps_completed": 5, "metrics": {}}],
