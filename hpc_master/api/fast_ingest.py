@@ -12,12 +12,11 @@ after the commit, is the route's.
 
 from __future__ import annotations
 
-import json
 import re
 from functools import partial
 from typing import Any
 
-from pydantic_core import to_json
+from pydantic_core import from_json, to_json
 from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -89,7 +88,7 @@ def plain_training_rows(body: bytes, trial_id: int) -> list[tuple[Any, ...]] | N
     thirds of validating into models and converting them.
     """
     try:
-        data = json.loads(body)
+        data = from_json(body)  # the parser model_validate_json uses (jiter)
         if type(data) is not dict or data.keys() != {"metrics"}:
             return None
         items = data["metrics"]
