@@ -15,6 +15,7 @@ which bounds what any ingest route can accept on this machine. Then a durability
 from __future__ import annotations
 
 import argparse
+import datetime
 import http.client
 import json
 import multiprocessing as mp
@@ -60,6 +61,7 @@ def metric_item(run: int, step: int) -> dict[str, Any]:
         "stepsCompleted": step,
         "group": "training",
         "metrics": {"avgMetrics": {"loss": 1.0 / (step + 1), "accuracy": step / (step + 1), "lr": 0.001}},
+        "reportTime": datetime.datetime.now(datetime.UTC).isoformat(),  # as harness.core sends it
     }
 
 

@@ -12,6 +12,7 @@ after the commit, is the route's.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from functools import partial
 from typing import Any
@@ -74,15 +75,27 @@ def _ingest_body(principal: Principal, trial_id: int, body: bytes) -> Any:
     return apply
 
 
-_PLAIN_KEYS = frozenset({"trialRunId", "stepsCompleted", "group", "metrics"})
+_PLAIN_KEYS = frozenset({"trialRunId", "stepsCompleted", "group", "metrics", "reportTime"})
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})"
+)
+
+
+def _plain_time(value: Any, now: str) -> str:
+    """``reportTime`` as stored: absent → now; an RFC 3339 timestamp (what the harness sends) → UTC."""
+    if value is None:
+        return now
+    if type(value) is not str or not _RFC3339.fullmatch(value):
+        raise ValueError("not a plain timestamp")
+    return sqlite_time(dt.datetime.fromisoformat(value))  # ValueError for impossible dates
 
 
 def plain_training_rows(body: bytes, trial_id: int) -> list[tuple[Any, ...]] | None:
     """The SQLite rows of a batch in the plain form harnesses send, or None for anything else.
 
-    Plain: ``{"metrics": [...]}`` whose items have exactly the camelCase keys ``trialRunId`` and
-    ``stepsCompleted`` (non-negative JSON integers), ``metrics`` (an object), and optionally ``group``
-    (1-64 characters, not ``validation``), no ``reportTime``. Every such body is valid for
+    Plain: ``{"metrics": [...]}`` whose items have the camelCase keys ``trialRunId`` and ``stepsCompleted``
+    (non-negative JSON integers), ``metrics`` (an object), and optionally ``group`` (1-64 characters, not
+    ``validation``) and ``reportTime`` (an RFC 3339 timestamp, as the harness sends). Every such body is valid for
     ``MetricsBatchRequest`` and gives the same rows; anything else (snake_case names, numbers as strings,
     extra keys, validations, …) returns None and goes through pydantic. At 100 rows this costs about two
     thirds of validating into models and converting them.
@@ -112,7 +125,8 @@ def plain_training_rows(body: bytes, trial_id: int) -> list[tuple[Any, ...]] | N
                 or group == "validation"
             ):
                 return None
-            rows.append((trial_id, run, group, steps, to_json(metrics).decode(), now))
+            report_time = _plain_time(item.get("reportTime"), now)
+            rows.append((trial_id, run, group, steps, to_json(metrics).decode(), report_time))
         return rows
     except Exception:  # not JSON, a missing key, a value to_json cannot encode: pydantic decides
         return None
