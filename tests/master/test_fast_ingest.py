@@ -223,6 +223,9 @@ INVALID = [
     [{"trialRunId": 1, "stepsCompleted": 5, "metrics": []}],
     [{"trialRunId": 1, "metrics": {}}],
     [{"trialRunId": 1, "stepsCompleted": 5, "metrics": {}, "reportTime": "2026-13-23T01:02:03Z"}],
+    [{"trialRunId": 1, "stepsCompleted": 5, "metrics": {}, "reportTime": "2026-02-30T01:02:03.000001+00:00"}],
+    [{"trialRunId": 1, "stepsCompleted": 5, "metrics": {}, "reportTime": "2026-02-03T01:02:61.000001+00:00"}],
+    [{"trialRunId": 1, "stepsCompleted": 5, "metrics": {}, "reportTime": "2026-02-03T24:02:01.000001+00:00"}],
 ]
 
 
