@@ -77,6 +77,7 @@ def _ingest_body(principal: Principal, trial_id: int, body: bytes) -> Any:
 
 
 _PLAIN_KEYS = frozenset({"trialRunId", "stepsCompleted", "group", "metrics", "reportTime"})
+_MINUTE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}")
 _RFC3339 = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})"
 )
@@ -86,17 +87,30 @@ def _plain_time(value: Any, now: str) -> str:
     """``reportTime`` as stored: absent → now; an RFC 3339 timestamp (what the harness sends) → UTC."""
     if value is None:
         return now
-    if type(value) is not str or not _RFC3339.fullmatch(value):
+    if type(value) is not str:
         raise ValueError("not a plain timestamp")
-    if len(value) == 32 and value.endswith("+00:00") and _valid_minute(value[:16]) and value[17:19] < "60":
-        # The harness's own form, "2026-11-23T02:50:00.123456+00:00": already UTC, only the layout changes.
+    if (  # the harness's own form, "2026-11-23T02:50:00.123456+00:00": UTC, only the layout changes
+        len(value) == 32
+        and value.isascii()
+        and value[16] == ":"
+        and value[19] == "."
+        and value.endswith("+00:00")
+        and value[17:19].isdigit()
+        and value[17:19] < "60"
+        and value[20:26].isdigit()
+        and _valid_minute(value[:16])
+    ):
         return f"{value[:10]} {value[11:26]}"
+    if not _RFC3339.fullmatch(value):
+        raise ValueError("not a plain timestamp")
     return sqlite_time(dt.datetime.fromisoformat(value))  # ValueError for impossible dates
 
 
 @functools.lru_cache(maxsize=64)
 def _valid_minute(prefix: str) -> bool:
     """Whether "YYYY-MM-DDTHH:MM" is a real date and time (checked once per minute of reports)."""
+    if not _MINUTE.fullmatch(prefix):
+        return False
     try:
         dt.datetime.fromisoformat(prefix)
     except ValueError:

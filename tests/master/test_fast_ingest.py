@@ -226,6 +226,8 @@ INVALID = [
     [{"trialRunId": 1, "stepsCompleted": 5, "metrics": {}, "reportTime": "2026-02-30T01:02:03.000001+00:00"}],
     [{"trialRunId": 1, "stepsCompleted": 5, "metrics": {}, "reportTime": "2026-02-03T01:02:61.000001+00:00"}],
     [{"trialRunId": 1, "stepsCompleted": 5, "metrics": {}, "reportTime": "2026-02-03T24:02:01.000001+00:00"}],
+    [{"trialRunId": 1, "stepsCompleted": 5, "metrics": {}, "reportTime": "2026-02-03T23:02:01.00000٣+00:00"}],
+    [{"trialRunId": 1, "stepsCompleted": 5, "metrics": {}, "reportTime": "2026-02-03T23:02:01x000001+00:00"}],
 ]
 
 
