@@ -4,7 +4,8 @@ Harnesses send a batch of metric rows every few steps; at 100 rows per batch, Fa
 resolution and response handling cost as much as storing the rows. This ASGI middleware takes the request
 only on its happy path: a bearer token the token cache already knows, a body that validates against
 ``MetricsBatchRequest``, a per-trial token for this trial (or a user token), and a group commit that
-succeeds. Anything else (an unknown token, a bad body, a trial that is gone, a database error) is handed
+succeeds. On SQLite, a plain training batch of the trial's own token (``plain_metrics``) skips pydantic
+and is stored by the metrics writer in driver SQL. Anything else (an unknown token, a bad body, a trial that is gone, a database error) is handed
 to the FastAPI route with the body replayed, which answers exactly as it always does (ingest is idempotent,
 so a batch the fast path tried and failed is safe to try again). The answer, ``{"accepted", "duplicates"}``
 after the commit, is the route's.
@@ -12,22 +13,19 @@ after the commit, is the route's.
 
 from __future__ import annotations
 
-import datetime as dt
-import functools
 import re
 from functools import partial
 from typing import Any
 
-from pydantic_core import from_json, to_json
 from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hpc_master.api.deps import AppState, check_trial_access
-from hpc_master.api.schemas import MAX_BATCH_ROWS, MetricsBatchRequest
+from hpc_master.api.plain_metrics import plain_training_rows
+from hpc_master.api.schemas import MetricsBatchRequest
 from hpc_master.auth import hash_token
-from hpc_master.db.models import utcnow
 from hpc_master.services import harness, notify
-from hpc_master.services.metrics import MetricReport, ingest_metrics, sqlite_ingest_raw, sqlite_time
+from hpc_master.services.metrics import MetricReport, ingest_metrics, sqlite_ingest_raw
 from hpc_master.services.users import Principal
 
 _PATH = re.compile(r"/api/v1/trials/([0-9]{1,18})/metrics/batch")
@@ -74,90 +72,6 @@ def _ingest_body(principal: Principal, trial_id: int, body: bytes) -> Any:
         return ingest_batch(principal, trial_id, reports)(session)  # type: ignore[no-any-return]
 
     return apply
-
-
-_PLAIN_KEYS = frozenset({"trialRunId", "stepsCompleted", "group", "metrics", "reportTime"})
-_MINUTE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}")
-_RFC3339 = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})"
-)
-
-
-def _plain_time(value: Any, now: str) -> str:
-    """``reportTime`` as stored: absent → now; an RFC 3339 timestamp (what the harness sends) → UTC."""
-    if value is None:
-        return now
-    if type(value) is not str:
-        raise ValueError("not a plain timestamp")
-    if (  # the harness's own form, "2026-11-23T02:50:00.123456+00:00": UTC, only the layout changes
-        len(value) == 32
-        and value.isascii()
-        and value[16] == ":"
-        and value[19] == "."
-        and value.endswith("+00:00")
-        and value[17:19].isdigit()
-        and value[17:19] < "60"
-        and value[20:26].isdigit()
-        and _valid_minute(value[:16])
-    ):
-        return f"{value[:10]} {value[11:26]}"
-    if not _RFC3339.fullmatch(value):
-        raise ValueError("not a plain timestamp")
-    return sqlite_time(dt.datetime.fromisoformat(value))  # ValueError for impossible dates
-
-
-@functools.lru_cache(maxsize=64)
-def _valid_minute(prefix: str) -> bool:
-    """Whether "YYYY-MM-DDTHH:MM" is a real date and time (checked once per minute of reports)."""
-    if not _MINUTE.fullmatch(prefix):
-        return False
-    try:
-        dt.datetime.fromisoformat(prefix)
-    except ValueError:
-        return False
-    return True
-
-
-def plain_training_rows(body: bytes, trial_id: int) -> list[tuple[Any, ...]] | None:
-    """The SQLite rows of a batch in the plain form harnesses send, or None for anything else.
-
-    Plain: ``{"metrics": [...]}`` whose items have the camelCase keys ``trialRunId`` and ``stepsCompleted``
-    (non-negative JSON integers), ``metrics`` (an object), and optionally ``group`` (1-64 characters, not
-    ``validation``) and ``reportTime`` (an RFC 3339 timestamp, as the harness sends). Every such body is valid for
-    ``MetricsBatchRequest`` and gives the same rows; anything else (snake_case names, numbers as strings,
-    extra keys, validations, …) returns None and goes through pydantic. At 100 rows this costs about two
-    thirds of validating into models and converting them.
-    """
-    try:
-        data = from_json(body)  # the parser model_validate_json uses (jiter)
-        if type(data) is not dict or data.keys() != {"metrics"}:
-            return None
-        items = data["metrics"]
-        if type(items) is not list or len(items) > MAX_BATCH_ROWS:
-            return None
-        now = sqlite_time(utcnow())
-        rows: list[tuple[Any, ...]] = []
-        for item in items:
-            if type(item) is not dict or not item.keys() <= _PLAIN_KEYS:
-                return None
-            run, steps, metrics = item["trialRunId"], item["stepsCompleted"], item["metrics"]
-            group = item.get("group", "training")
-            if (
-                type(run) is not int
-                or type(steps) is not int
-                or run < 0
-                or steps < 0
-                or type(metrics) is not dict
-                or type(group) is not str
-                or not 0 < len(group) <= 64
-                or group == "validation"
-            ):
-                return None
-            report_time = _plain_time(item.get("reportTime"), now)
-            rows.append((trial_id, run, group, steps, to_json(metrics).decode(), report_time))
-        return rows
-    except Exception:  # not JSON, a missing key, a value to_json cannot encode: pydantic decides
-        return None
 
 
 def reports_of(body: MetricsBatchRequest) -> list[MetricReport]:
