@@ -7,6 +7,7 @@ is tried once.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,13 +22,17 @@ class GridSearch(Algorithm):
     name = "grid"
 
     def __init__(self, config: SearcherConfig, space: hparams.Space) -> None:
-        self.points = hparams.grid(space)
+        # Points are decoded on demand: the master rebuilds the method from its snapshot on every pass,
+        # and enumerating a 2,000-point grid each time cost more than the rest of the pass.
+        self.space = space
+        self.axes = hparams.grid_axes(space)
+        self.size = math.prod(len(values) for _, values in self.axes)
         self.max_concurrent_trials = config.max_concurrent_trials
         self.max_length = config.max_length
         self.next_point = 0
 
     def _create(self, ctx: Context) -> list[Op]:
-        create = ctx.create(self.points[self.next_point])
+        create = ctx.create(hparams.grid_point(self.space, self.next_point, self.axes))
         self.next_point += 1
         if self.max_length is None:
             return [create]
@@ -35,7 +40,7 @@ class GridSearch(Algorithm):
 
     def initial(self, ctx: Context) -> list[Op]:
         ops: list[Op] = []
-        for _ in range(initial_trial_count(len(self.points), self.max_concurrent_trials)):
+        for _ in range(initial_trial_count(self.size, self.max_concurrent_trials)):
             ops += self._create(ctx)
         return ops
 
@@ -46,10 +51,10 @@ class GridSearch(Algorithm):
         return []
 
     def closed(self, ctx: Context, request_id: str) -> list[Op]:
-        return self._create(ctx) if self.next_point < len(self.points) else []
+        return self._create(ctx) if self.next_point < self.size else []
 
     def progress(self, units: Mapping[str, int], closed: set[str], invalid: set[str]) -> float:
-        return length_progress(units, closed, set(), self.max_length, len(self.points))
+        return length_progress(units, closed, set(), self.max_length, self.size)
 
     def get_state(self) -> dict[str, Any]:
         return {"next_point": self.next_point}

@@ -196,6 +196,25 @@ def grid(space: Space) -> list[dict[str, Any]]:
     return points
 
 
+GridAxes = list[tuple[tuple[str, ...], list[Any]]]
+
+
+def grid_axes(space: Space) -> GridAxes:
+    """Every leaf's path and values, in ``grid``'s order."""
+    return [(path, grid_values(param, ".".join(path))) for path, param in _leaves(space)]
+
+
+def grid_point(space: Space, index: int, axes: GridAxes | None = None) -> dict[str, Any]:
+    """``grid(space)[index]`` without enumerating the grid (mixed-radix decoding, last leaf fastest)."""
+    out = _skeleton(space)
+    for path, values in reversed(axes if axes is not None else grid_axes(space)):
+        index, digit = divmod(index, len(values))
+        _set(out, path, copy.deepcopy(values[digit]))
+    if index:
+        raise IndexError("grid point index out of range")
+    return out
+
+
 def grid_size(space: Space) -> int:
     leaves = list(_leaves(space))
     return math.prod(len(grid_values(p, ".".join(path))) for path, p in leaves)

@@ -9,16 +9,18 @@ from the stored snapshot (RNG included). No Slurm call and no HTTP request happe
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, or_, select
 from sqlalchemy.orm import Session
 
-from hpc_master.db.models import ExperimentModel, TrialModel
+from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel
 from hpc_master.expconf import parse_experiment_config
 from hpc_master.services import lifecycle as svc
 from hpc_master.services.states import (
+    LIVE_RUN_STATES,
     TERMINAL_TRIAL_STATES,
     ExperimentState,
     TerminationReason,
@@ -103,16 +105,10 @@ def drive(session: Session, experiment: ExperimentModel) -> int:
         if c.metric is not None:
             actions += hosted.method.on_validation_completed(c.trial_id, c.metric, int(c.length))
 
-    trials = {
-        t.id: t for t in session.scalars(select(TrialModel).where(TrialModel.experiment_id == experiment.id))
-    }
+    trials = _load_trials(session, experiment.id, hosted.closed)
     for trial in trials.values():
         # A trial the searcher stopped while it was paused (or whose paused job ended after the Stop) is done.
-        if (
-            trial.searcher_done
-            and trial.state == TrialState.PAUSED
-            and svc.live_run_of(session, trial.id) is None
-        ):
+        if trial.searcher_done and trial.state == TrialState.PAUSED and trials.live_run(trial.id) is None:
             svc.set_trial_state(session, trial, TrialState.COMPLETED, "stopped by the searcher")
     for trial in sorted(trials.values(), key=lambda t: t.id):
         if trial.state in TERMINAL_TRIAL_STATES and trial.id not in hosted.closed:
@@ -134,12 +130,55 @@ def drive(session: Session, experiment: ExperimentModel) -> int:
     return applied
 
 
+class _Trials(dict[int, TrialModel]):
+    """The trials a pass needs, by id; any other one an action names is loaded when asked for. With the
+    experiment's live runs, read once per pass (a pass submits and ends no job)."""
+
+    def __init__(self, session: Session, rows: Iterable[TrialModel], live: Iterable[TrialRunModel]) -> None:
+        super().__init__((t.id, t) for t in rows)
+        self._session = session
+        self._live = {run.trial_id: run for run in live}  # ordered by run number: the latest wins
+
+    def live_run(self, trial_id: int) -> TrialRunModel | None:
+        return self._live.get(trial_id)
+
+    def __missing__(self, trial_id: int) -> TrialModel:
+        trial = self._session.get(TrialModel, trial_id)
+        if trial is None:
+            raise KeyError(trial_id)
+        self[trial_id] = trial
+        return trial
+
+
+def _load_trials(session: Session, experiment_id: int, closed: set[int]) -> _Trials:
+    """Open trials, and ended ones the search method has not been told about: not the (many) closed ones.
+
+    An experiment of thousands of short trials used to load every one of them on every pass, while the
+    harnesses of the running ones waited for the database.
+    """
+    of_experiment = TrialModel.experiment_id == experiment_id
+    ended = session.scalars(
+        select(TrialModel.id).where(of_experiment, TrialModel.state.in_(TERMINAL_TRIAL_STATES))
+    )
+    unseen = [trial_id for trial_id in ended if trial_id not in closed]
+    needed: ColumnElement[bool] = TrialModel.state.not_in(TERMINAL_TRIAL_STATES)
+    if unseen:
+        needed = or_(needed, TrialModel.id.in_(unseen))
+    live = session.scalars(
+        select(TrialRunModel)
+        .join(TrialModel, TrialModel.id == TrialRunModel.trial_id)
+        .where(of_experiment, TrialRunModel.state.in_(LIVE_RUN_STATES))
+        .order_by(TrialRunModel.trial_id, TrialRunModel.run_number)
+    )
+    return _Trials(session, session.scalars(select(TrialModel).where(of_experiment, needed)), live)
+
+
 def _apply(
     session: Session,
     experiment: ExperimentModel,
     hosted: _Hosted,
     actions: list[Action],
-    trials: dict[int, TrialModel],
+    trials: _Trials,
 ) -> int:
     queue = list(actions)
     applied = 0
@@ -155,48 +194,45 @@ def _apply(
         elif isinstance(action, ValidateAfter):
             svc.set_searcher_operation(session, action.trial_id, action.length)
         elif isinstance(action, Pause):
-            _pause(session, trials[action.trial_id])
+            _pause(session, trials[action.trial_id], trials.live_run(action.trial_id))
         elif isinstance(action, Resume):
-            _resume(session, trials[action.trial_id])
+            _resume(session, trials[action.trial_id], trials.live_run(action.trial_id))
         elif isinstance(action, Stop):
-            _stop(session, trials[action.trial_id])
+            _stop(session, trials[action.trial_id], trials.live_run(action.trial_id))
         elif isinstance(action, Shutdown):
             hosted.shut_down = True
             _shutdown(session, experiment, action)
     return applied
 
 
-def _pause(session: Session, trial: TrialModel) -> None:
+def _pause(session: Session, trial: TrialModel, run: TrialRunModel | None) -> None:
     """Checkpoint and free the slots; the trial stays open and may be resumed if later promoted."""
     if trial.state != TrialState.ACTIVE:
         return
     trial.pause_reason = TerminationReason.PAUSED_BY_SEARCHER
-    run = svc.live_run_of(session, trial.id)
     if run is None:
         svc.set_trial_state(session, trial, TrialState.PAUSED, "paused by the searcher (not promoted yet)")
     else:
         run.preempt_requested = True  # PAUSED when the job has checkpointed and exited
 
 
-def _resume(session: Session, trial: TrialModel) -> None:
+def _resume(session: Session, trial: TrialModel, run: TrialRunModel | None) -> None:
     """Promoted: a paused trial runs again; a pause still pending (its job has not exited yet) is called off."""
     if trial.state == TrialState.PAUSED:
         svc.set_trial_state(session, trial, TrialState.ACTIVE, "resumed by the searcher (promoted)")
     elif trial.state == TrialState.ACTIVE and trial.pause_reason == TerminationReason.PAUSED_BY_SEARCHER:
         trial.pause_reason = None
-        run = svc.live_run_of(session, trial.id)
         if run is not None:
             # If its job was already told to stop, it exits and is resubmitted at once (PAUSE_CALLED_OFF).
             svc.call_off_stop(session, run)
 
 
-def _stop(session: Session, trial: TrialModel) -> None:
+def _stop(session: Session, trial: TrialModel, run: TrialRunModel | None) -> None:
     svc.set_searcher_operation(session, trial.id, None, done=True)
     if trial.state in TERMINAL_TRIAL_STATES:
         return
     if trial.pause_reason == TerminationReason.PAUSED_BY_SEARCHER:
         trial.pause_reason = None  # a Stop overrides an earlier Pause
-    run = svc.live_run_of(session, trial.id)
     if run is None:
         svc.set_trial_state(session, trial, TrialState.COMPLETED, "stopped by the searcher")
     else:

@@ -30,7 +30,7 @@ from searcher import (
 from searcher.adaptive_asha import AdaptiveASHA, brackets_for
 from searcher.asha import AsyncHalving, default_max_concurrent, rung_lengths
 from searcher.config import parse_searcher_config
-from searcher.hparams import grid, grid_size, grid_values, parse_space, sample
+from searcher.hparams import grid, grid_point, grid_size, grid_values, parse_space, sample
 from searcher.simulate import SimConfig, SimulationError, Summary, SyntheticCurves, simulate
 
 SPACE = {
@@ -241,6 +241,9 @@ def test_grid_enumerates_exactly_the_product(raw: dict[str, Any]) -> None:
     expected = [dict(zip(leaves, combo, strict=True)) for combo in itertools.product(*axes)]
     assert [_flatten(p) for p in grid(space)] == expected
     assert len(expected) == math.prod(len(a) for a in axes) == grid_size(space)
+    assert [grid_point(space, i) for i in range(len(expected))] == grid(space)  # what GridSearch uses
+    with pytest.raises(IndexError):
+        grid_point(space, len(expected))
 
     rec = Recording(
         make_search_method(
