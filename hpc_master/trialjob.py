@@ -218,6 +218,14 @@ def run_dirs(job_storage_root: str, experiment_id: int, trial_id: int, trial_run
     return trial_dir, posixpath.join(trial_dir, f"run-{trial_run_id}")
 
 
+def job_comment(cluster_id: str, experiment_id: int, trial_id: int, run_number: int) -> str:
+    """The Slurm comment that identifies a trial run, and whose master it is: a master that restarts
+    adopts a job it submitted (but never heard back about) by this comment, and several masters (every
+    researcher's personal one) share a cluster, all with an experiment 1 and a trial 1."""
+    master = cluster_id.replace("-", "")[:12]
+    return f"hpc-det:{master}:exp={experiment_id},trial={trial_id},run={run_number}"
+
+
 def build_trial_job(
     config: ExperimentConfig,
     pool: PoolSpec,
@@ -264,7 +272,7 @@ def build_trial_job(
     command = (paths.python, "-m", "harness.exec.job_entry", "--run-dir", run_dir)
     spec = JobSpec(
         job_name=f"det-e{trial.experiment_id}-t{trial.trial_id}",
-        comment=f"hpc-det:exp={trial.experiment_id},trial={trial.trial_id},run={trial.trial_run_id}",
+        comment=job_comment(cluster_id, trial.experiment_id, trial.trial_id, trial.trial_run_id),
         commands=(command,),
         output_path=output,
         workdir=trial_dir,

@@ -19,7 +19,7 @@ _GPU_TYPE = re.compile(r"^[A-Za-z0-9_.-]+$")
 @dataclass(frozen=True)
 class JobSpec:
     job_name: str
-    comment: str  # identifies the run, e.g. "hpc-det:exp=3,trial=7,run=2"
+    comment: str  # identifies the run and its master, e.g. "hpc-det:1b4e28ba2fa1:exp=3,trial=7,run=2"
     commands: tuple[tuple[str, ...], ...]  # argv lists run in order; the last is exec'ed (gets the signal)
     output_path: str  # stdout and stderr; Slurm expands %j
     workdir: str

@@ -24,6 +24,7 @@ from hpc_master.services import notify
 from hpc_master.services.common import InvalidTransitionError
 from hpc_master.services.states import ExperimentState, TerminationReason
 from hpc_master.services.users import purge_expired_sessions
+from hpc_master.trialjob import job_comment
 from slurm_backend import SlurmCli
 
 log = logging.getLogger(__name__)
@@ -90,11 +91,11 @@ class LifecycleLoop:
         notify.searchers_driven()
 
     # ---- restart reconciliation ----------------------------------------------------------------------
-    def reconcile(self, cli: SlurmCli) -> None:
+    def reconcile(self, cli: SlurmCli, cluster_id: str) -> None:
         with transaction(self.sessions) as s:
             orphans = [r for r in svc.list_live_runs(s) if r.slurm_job_id is None]
         for run in orphans:
-            comment = f"hpc-det:exp={run.experiment_id},trial={run.trial_id},run={run.run_number}"
+            comment = job_comment(cluster_id, run.experiment_id, run.trial_id, run.run_number)
             try:
                 found = cli.find_by_comment(comment)
             except Exception as e:  # Slurm unreachable: try again on the next start
@@ -116,7 +117,7 @@ class LifecycleLoop:
         if self.jobs is not None:
             if not compile_job_code():
                 log.info("some job-side modules could not be byte-compiled; jobs compile them as they start")
-            self.reconcile(self.jobs.cli)
+            self.reconcile(self.jobs.cli, self.jobs.cluster_id)
         self._thread = threading.Thread(target=self._run, name="lifecycle-loop", daemon=True)
         self._thread.start()
 

@@ -152,5 +152,5 @@ def test_job_ids_are_validated() -> None:
 def test_find_by_comment_reconciles_a_lost_submission() -> None:
     out = "5|hpc-det:exp=3,trial=7,run=2\n6|hpc-det:exp=3,trial=7,run=20\n7|(null)\n"
     cli, runner, _ = make(CommandResult(0, out, ""))
-    assert cli.find_by_comment("hpc-det:exp=3,trial=7,run=2", user="alice") == ["5"]
+    assert cli.find_by_comment("hpc-det:exp=3,trial=7,run=2", user="alice") == ["5"]  # exact match only
     assert runner.calls[0][0] == ["squeue", "--noheader", "--states=all", "--format=%A|%k", "--user=alice"]

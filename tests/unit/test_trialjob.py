@@ -20,6 +20,7 @@ from hpc_master.trialjob import (
     TrialJobInputs,
     TrialJobPlan,
     build_trial_job,
+    job_comment,
     pool_from_master_config,
 )
 from hpc_master.trialjob_files import write_run_dir
@@ -113,12 +114,21 @@ def test_shape_gpus_and_names() -> None:
     spec = plan.spec
     assert (spec.nodes, spec.gpus_per_node, spec.ntasks_per_node) == (2, 2, 1)
     assert spec.job_name == "det-e3-t7"
-    assert spec.comment == "hpc-det:exp=3,trial=7,run=2"
+    assert spec.comment == "hpc-det:hpcdet:exp=3,trial=7,run=2"  # the default cluster id, "hpc-det"
     assert spec.output_path == "/shared/det/jobs/exp-3/trial-7/run-2/output.log"
     assert spec.time_limit_min == 60
     assert "#SBATCH --signal=B:USR1@300\n" in plan.script
     assert "#SBATCH --no-requeue\n" in plan.script
     assert plan.command == (PATHS.python, "-m", "harness.exec.job_entry", "--run-dir", plan.run_dir)
+
+
+def test_job_comments_tell_masters_apart() -> None:
+    """Personal masters share a cluster and all have an experiment 1: a restarted master must not adopt
+    another master's job (the e2e kill -9 test once adopted a job of the previous test's master)."""
+    a = job_comment("1b4e28ba-2fa1-11d2-883f-0016d3cca427", 1, 3, 1)
+    b = job_comment("6fa459ea-ee8a-3ca4-894e-db77e160355e", 1, 3, 1)
+    assert a == "hpc-det:1b4e28ba2fa1:exp=1,trial=3,run=1" and a != b
+    assert a != job_comment("1b4e28ba-2fa1-11d2-883f-0016d3cca427", 1, 3, 2)
 
 
 def test_config_slots_per_node_overrides_pool() -> None:
