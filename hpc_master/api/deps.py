@@ -40,7 +40,7 @@ class AppState:
     def __post_init__(self) -> None:
         self.writer = MetricsWriter(self.sessions)
         path = sqlite_file(self.engine)
-        self.checkpointer = WalCheckpointer(path) if path else None
+        self.checkpointer = WalCheckpointer(path, lambda: self.writer.rows) if path else None
 
     def start(self) -> None:
         """Background work that lives as long as the app (started on the app's startup)."""

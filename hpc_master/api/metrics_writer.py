@@ -68,6 +68,7 @@ class MetricsWriter:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.groups = 0  # transactions committed (for tests and benchmarks)
+        self.rows = 0  # metric rows in them (the WAL checkpointer's cue)
         self.raw_groups = 0  # of which on the DBAPI connection
 
     @property
@@ -125,6 +126,7 @@ class MetricsWriter:
             if results is not None:
                 self.groups += 1
                 self.raw_groups += 1
+                self.rows += sum(job.rows for job in group)
                 for job, result in zip(group, results, strict=True):
                     _resolve(job, result)
                 return
@@ -139,6 +141,7 @@ class MetricsWriter:
                     self._commit([job])
             return
         self.groups += 1
+        self.rows += sum(job.rows for job in group)
         for job, result in zip(group, results, strict=True):
             _resolve(job, result)
 

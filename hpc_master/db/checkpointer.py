@@ -4,8 +4,10 @@ In WAL mode every commit appends pages to ``master.db-wal``; a checkpoint copies
 database file and fsyncs it. SQLite runs one automatically inside whichever commit takes the WAL past
 ``wal_autocheckpoint`` pages, so under a stream of metric batches every tenth or so group commit also
 paid for a checkpoint and its fsync: a fifth of the metrics writer's time. This thread checkpoints on its
-own connection instead (``PASSIVE``: it never blocks a writer or a reader), every ``interval_s`` while
-there is WAL to copy; the connections' own automatic checkpoint stays as a backstop at a higher threshold
+own connection instead (``PASSIVE``: it never blocks a writer or a reader): as soon as the metrics writer has
+committed ``rows_per_checkpoint`` rows since the last one (about SQLite's own cadence of 1,000 pages), else
+every ``max_interval_s`` (a checkpoint fsyncs the database, and a master with little to write should not
+fsync twice a second). The connections' own automatic checkpoint stays as a backstop at a higher threshold
 (``engine.SQLITE_AUTOCHECKPOINT_PAGES``). Durability does not change: a transaction is durable (against
 a crash of the process) once its commit is in the WAL, before any checkpoint.
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
+from collections.abc import Callable
 
 from sqlalchemy import Engine
 
@@ -32,9 +36,20 @@ def sqlite_file(engine: Engine) -> str | None:
 
 
 class WalCheckpointer:
-    def __init__(self, path: str, *, interval_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        path: str,
+        rows_written: Callable[[], int] = lambda: 0,
+        *,
+        rows_per_checkpoint: int = 20_000,
+        max_interval_s: float = 30.0,
+        poll_s: float = 0.25,
+    ) -> None:
         self.path = path
-        self.interval_s = interval_s
+        self.rows_written = rows_written
+        self.rows_per_checkpoint = rows_per_checkpoint
+        self.max_interval_s = max_interval_s
+        self.poll_s = poll_s
         self.checkpoints = 0  # passes that copied pages (for tests)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -64,7 +79,12 @@ class WalCheckpointer:
             return
         try:
             conn.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-            while not self._stop.wait(self.interval_s):
+            rows_then, time_then = self.rows_written(), time.monotonic()
+            while not self._stop.wait(self.poll_s):
+                rows, now = self.rows_written(), time.monotonic()
+                if rows - rows_then < self.rows_per_checkpoint and now - time_then < self.max_interval_s:
+                    continue
+                rows_then, time_then = rows, now
                 try:
                     self.checkpoint(conn)
                 except sqlite3.Error as e:  # busy or locked: the next pass (or the backstop) catches up

@@ -37,23 +37,33 @@ def test_the_master_checkpoints_the_wal_in_the_background(
     with engine.connect() as conn:  # the connections' own checkpoint is only a backstop now
         autockpt = conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar()
     assert autockpt == SQLITE_AUTOCHECKPOINT_PAGES
+    checkpointer = state.checkpointer
+    checkpointer.rows_per_checkpoint, checkpointer.max_interval_s = 4000, 3600.0
     admin = login(client)
     trial_id, token = make_trial(sessions, create_experiment(client, admin))
     url = f"/api/v1/trials/{trial_id}/metrics/batch"
-    for start in range(0, 5000, 500):
+
+    def post(start: int, rows: int) -> None:
         items = [
             {
                 "trialRunId": 1,
                 "stepsCompleted": s,
                 "metrics": {"avgMetrics": {"loss": 1 / (s + 1), "pad": "x" * 200}},
             }
-            for s in range(start, start + 500)
+            for s in range(start, start + rows)
         ]
         assert client.post(url, headers=bearer(token), json={"metrics": items}).status_code == 200
+
+    for start in range(0, 2000, 500):
+        post(start, 500)
+    time.sleep(1.0)  # four polls: too few rows yet to be worth a checkpoint (and its fsync)
+    assert checkpointer.checkpoints == 0
+    for start in range(2000, 5000, 500):
+        post(start, 500)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and state.checkpointer.checkpoints == 0:
+    while time.monotonic() < deadline and checkpointer.checkpoints == 0:
         time.sleep(0.05)
-    assert state.checkpointer.checkpoints > 0
+    assert checkpointer.checkpoints > 0
     # Well below the backstop's threshold, every page written is already back in the database file.
     assert Path(path + "-wal").stat().st_size < SQLITE_AUTOCHECKPOINT_PAGES * 4096
     deadline = time.monotonic() + 10
