@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hpc_master.api.deps import AppState, check_trial_access
 from hpc_master.api.plain_metrics import plain_training_rows
-from hpc_master.api.schemas import MetricsBatchRequest
+from hpc_master.api.schemas import MetricItem, MetricsBatchRequest
 from hpc_master.auth import hash_token
 from hpc_master.services import harness, notify
 from hpc_master.services.metrics import MetricReport, ingest_metrics, sqlite_ingest_raw
@@ -68,22 +68,23 @@ def _ingest_body(principal: Principal, trial_id: int, body: bytes) -> Any:
     """``ingest_batch`` for a body parsed only if the writer needs it (its raw form failed)."""
 
     def apply(session: Session) -> tuple[int, int]:
-        reports = reports_of(MetricsBatchRequest.model_validate_json(body))
+        reports = reports_of(MetricsBatchRequest.model_validate_json(body).metrics)
         return ingest_batch(principal, trial_id, reports)(session)  # type: ignore[no-any-return]
 
     return apply
 
 
-def reports_of(body: MetricsBatchRequest) -> list[MetricReport]:
+def reports_of(items: list[MetricItem], group: str | None = None) -> list[MetricReport]:
+    """Validated items as the services take them (``group`` overrides theirs: the single-report route)."""
     return [
         MetricReport(
             trial_run_id=i.trial_run_id,
             steps_completed=i.steps_completed,
-            group=i.group,
+            group=group or i.group,
             metrics=i.metrics,
             report_time=i.report_time,
         )
-        for i in body.metrics
+        for i in items
     ]
 
 
@@ -123,7 +124,7 @@ class MetricsFastPath:
                     _ingest_body(principal, trial_id, body), len(rows), raw
                 )
             else:
-                reports = reports_of(MetricsBatchRequest.model_validate_json(body))
+                reports = reports_of(MetricsBatchRequest.model_validate_json(body).metrics)
                 validations = any(r.group == "validation" for r in reports)
                 accepted, duplicates = await state.writer.run(
                     ingest_batch(principal, trial_id, reports), len(reports)

@@ -16,7 +16,6 @@ from hpc_master.api.schemas import (
     CompletedOperationRequest,
     DeleteCheckpointsRequest,
     EarlyExitRequest,
-    MetricItem,
     MetricsBatchRequest,
     ProgressRequest,
     ReportCheckpointRequest,
@@ -29,7 +28,7 @@ from hpc_master.services import checkpoints as ckpts
 from hpc_master.services import harness, notify
 from hpc_master.services.common import get_or_404
 from hpc_master.services.experiments import remove_checkpoint_dirs
-from hpc_master.services.metrics import MetricReport, ingest_metrics
+from hpc_master.services.metrics import ingest_metrics
 from hpc_master.services.users import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["harness"])
@@ -37,19 +36,6 @@ router = APIRouter(prefix="/api/v1", tags=["harness"])
 PREEMPTION_POLL_S = 0.5
 MAX_LONG_POLL_S = 60
 OP_LONG_POLL_S = 20  # under the harness's 30 s request timeout
-
-
-def _reports(items: list[MetricItem], group: str | None = None) -> list[MetricReport]:
-    return [
-        MetricReport(
-            trial_run_id=i.trial_run_id,
-            steps_completed=i.steps_completed,
-            group=group or i.group,
-            metrics=i.metrics,
-            report_time=i.report_time,
-        )
-        for i in items
-    ]
 
 
 _BATCH_SCHEMA = MetricsBatchRequest.model_json_schema(
@@ -75,7 +61,7 @@ async def report_metrics_batch(
     writer's next group commit; the answer comes once they are committed.
     """
     body = MetricsBatchRequest.model_validate_json(await request.body())
-    reports = reports_of(body)
+    reports = reports_of(body.metrics)
     accepted, duplicates = await state.writer.run(ingest_batch(principal, trial_id, reports), len(reports))
     if any(r.group == "validation" for r in reports):
         notify.changed()  # the searcher reacts to validations
@@ -88,7 +74,7 @@ def report_metrics(
 ) -> dict[str, Any]:
     with state.tx() as session:
         check_trial_access(session, principal, trial_id, write=True)
-        reports = _reports([body.metrics], body.group)
+        reports = reports_of([body.metrics], body.group)
         ingest_metrics(session, trial_id, reports)
         harness.record_validations_for_searcher(session, trial_id, reports)
     return {}

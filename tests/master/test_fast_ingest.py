@@ -243,7 +243,7 @@ def test_the_plain_form_parses_to_exactly_what_validation_gives() -> None:
 
     body = json.dumps({"metrics": PLAIN}).encode()
     plain = plain_training_rows(body, 7)
-    validated = sqlite_rows(7, reports_of(MetricsBatchRequest.model_validate_json(body)))
+    validated = sqlite_rows(7, reports_of(MetricsBatchRequest.model_validate_json(body).metrics))
     assert plain is not None and len(plain) == len(PLAIN)
     for got, want, item in zip(plain, validated, PLAIN, strict=True):  # now differs by microseconds
         assert got[:5] == want[:5] and (got[5] == want[5] if "reportTime" in item else True)
