@@ -4,7 +4,7 @@
     write_run_dir(plan, uid=..., gid=...)            # hpc_master.trialjob_files: the run directory's files
     job_id = SlurmCli().submit(plan.script, as_user=trial.owner)
 
-The job runs ``python -m harness.exec.job_entry --run-dir RUN_DIR``, which reads the files written here (the
+The job runs ``python -S -m harness.exec.job_entry --run-dir RUN_DIR``, which reads the files written here (the
 contract is in ``harness.exec._job_plan``). The session token is only ever in ``RUN_DIR/session_token`` (0600):
 never in the script, the sbatch command line or ``plan.json``.
 """
@@ -156,7 +156,7 @@ class JobPaths:
 class TrialJobPlan:
     spec: JobSpec
     script: str  # the rendered sbatch script
-    command: tuple[str, ...]  # the job body: python -m harness.exec.job_entry --run-dir RUN_DIR
+    command: tuple[str, ...]  # the job body: python -S -m harness.exec.job_entry --run-dir RUN_DIR
     env: tuple[tuple[str, str], ...]  # DET_* and PYTHONPATH, exported by the script (no secrets)
     user_env: dict[str, str]  # the config's environment_variables for this device type (plan.json only)
     cluster_info: dict[str, Any]  # Determined's ClusterInfo; container_addrs filled in by the job entry
@@ -269,7 +269,9 @@ def build_trial_job(
     ]
     if trial.request_id:
         env.append(("DET_REQUEST_ID", trial.request_id))
-    command = (paths.python, "-m", "harness.exec.job_entry", "--run-dir", run_dir)
+    # -S: the job entry is standard library plus this repository (on PYTHONPATH), so it skips site-packages
+    # and their .pth files (a third of its start-up, in every job).
+    command = (paths.python, "-S", "-m", "harness.exec.job_entry", "--run-dir", run_dir)
     spec = JobSpec(
         job_name=f"det-e{trial.experiment_id}-t{trial.trial_id}",
         comment=job_comment(cluster_id, trial.experiment_id, trial.trial_id, trial.trial_run_id),

@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness import _info
-from harness.core._star import StarClient, StarServer, get_secret
+
+if TYPE_CHECKING:  # imported by the first multi-rank context: a one-rank trial never needs it (pickle, hmac)
+    from harness.core._star import StarClient, StarServer
 
 logger = logging.getLogger("harness.core")
 
@@ -85,6 +87,8 @@ class DistributedContext:
     def _init_ipc(self) -> None:
         if self.size < 2:
             return
+        from harness.core._star import StarClient, StarServer, get_secret
+
         secret = get_secret()
         if self._is_chief:
             host = "127.0.0.1" if self.local_size == self.size else ""

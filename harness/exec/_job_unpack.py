@@ -14,10 +14,12 @@ import os
 import posixpath
 import shutil
 import stat
-import tarfile
-import zipfile
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported when an archive is opened: every job imports this module, few unpack
+    import tarfile
+    import zipfile
 
 DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB unpacked (the CLI refuses contexts over 95 MB before compression)
 MAX_ENTRIES = 200_000
@@ -163,10 +165,17 @@ def _zip_members(zf: zipfile.ZipFile, w: _Writer) -> None:
 
 
 def _open_and_unpack(archive: str, w: _Writer) -> None:
-    if zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as zf:
-            _zip_members(zf, w)
-        return
+    import tarfile
+
+    with open(archive, "rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"  # the master's own .tar.gz: not a zip, skip importing zipfile
+    if not gzipped:
+        import zipfile
+
+        if zipfile.is_zipfile(archive):
+            with zipfile.ZipFile(archive) as zf:
+                _zip_members(zf, w)
+            return
     try:
         with tarfile.open(archive, "r:*") as tar:
             _tar_members(tar, w)

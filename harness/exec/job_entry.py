@@ -20,7 +20,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime
 import json
@@ -32,13 +31,14 @@ import subprocess
 import sys
 import types
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from containers.job import ContainerSetupError, JobContainer, node_step_argv
-from containers.job import prepare as prepare_container
 from harness.exec import _job_plan as plan_files
 from harness.exec._job_nodes import NodeListError, container_addrs
 from harness.exec._job_unpack import DEFAULT_MAX_BYTES, UnsafeArchiveError, fingerprint, unpack_context
+
+if TYPE_CHECKING:  # imported only for a plan with an image: every job pays for what this module imports
+    from containers.job import JobContainer
 
 SETUP_FAILED = 1
 _Handler = Callable[[int, types.FrameType | None], Any] | int | signal.Handlers | None
@@ -119,13 +119,15 @@ def build_environment(
 
 
 def write_json_atomic(path: str, obj: Any, mode: int = 0o644) -> None:
+    """Readers see the old file or the whole new one (write, then rename). Not fsynced: both files are read
+    after this process has closed them (the harness in this job, the master after the job ended), which
+    close-to-open consistency covers on a shared filesystem; after a node crash the run is a node failure
+    whatever the file says, and an fsync cost every job tens of milliseconds on a busy disk."""
     tmp = f"{path}.tmp-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, sort_keys=True)
         f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
     os.chmod(tmp, mode)
     os.replace(tmp, path)
 
@@ -260,8 +262,12 @@ def run_startup_hook(
 
 def enter_image(plan: Mapping[str, Any], run_dir: str, env: Mapping[str, str]) -> JobContainer | None:
     """The plan's image, resolved (pulled when needed); None without one."""
+    if not plan.get("container"):
+        return None
+    from containers.job import ContainerSetupError, prepare
+
     try:
-        return prepare_container(plan, run_dir, env, log=log)
+        return prepare(plan, run_dir, env, log=log)
     except ContainerSetupError as e:
         raise JobEntryError(str(e), "image") from None
 
@@ -275,6 +281,8 @@ def in_image(
     env: dict[str, str],
 ) -> tuple[list[str], dict[str, str]]:
     """The entrypoint as one srun step whose tasks each enter the image (directly off Slurm)."""
+    from containers.job import node_step_argv
+
     if "SLURM_JOB_ID" not in env:
         return box.command(argv, env)
     per_slot = plan_files.tasks_per_slot(argv)
@@ -382,13 +390,24 @@ def run_job(run_dir: str, base_env: Mapping[str, str]) -> tuple[int, dict[str, A
     return code, exit_record(code=code, stage=stage, reason=reason, preempted=preempted, signum=signum)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_run_dir(argv: list[str]) -> str:
+    """``--run-dir DIR`` (what every job script passes, parsed without importing argparse); anything else
+    goes to argparse for its usage message and exit code 2."""
+    if len(argv) == 2 and argv[0] == "--run-dir" and argv[1]:
+        return argv[1]
+    if len(argv) == 1 and argv[0].startswith("--run-dir=") and len(argv[0]) > len("--run-dir="):
+        return argv[0].partition("=")[2]
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="python -m harness.exec.job_entry", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--run-dir", required=True, help="the run directory the master wrote")
-    args = parser.parse_args(argv)
-    run_dir = os.path.abspath(args.run_dir)
+    return str(parser.parse_args(argv).run_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    run_dir = os.path.abspath(parse_run_dir(sys.argv[1:] if argv is None else argv))
     code, record = run_job(run_dir, dict(os.environ))
     try:
         write_json_atomic(os.path.join(run_dir, plan_files.EXIT_FILE), record)

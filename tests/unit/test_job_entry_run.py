@@ -228,3 +228,35 @@ def test_missing_run_files_fail_clearly(tmp_path: Path, missing: str) -> None:
     log = tmp_path / "out.log"
     code, record, _ = _finish(_start(plan, log), plan, log)
     assert code == 1 and missing in record["reason"]
+
+
+def test_job_entry_starts_without_container_archive_or_argparse_modules() -> None:
+    """Every job starts this module: what it imports is paid per job (a plan without an image and a context
+    unpacked before needs none of these)."""
+    probe = (
+        "import sys, harness.exec.job_entry; "
+        "print(sorted(m for m in ('argparse', 'tarfile', 'zipfile', 'containers.job', 'containers.images') "
+        "if m in sys.modules))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", probe], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
+
+
+def test_job_entry_arguments() -> None:
+    from harness.exec.job_entry import parse_run_dir
+
+    assert parse_run_dir(["--run-dir", "/x/run-1"]) == "/x/run-1"
+    assert parse_run_dir(["--run-dir=/x/run-2"]) == "/x/run-2"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for bad in ([], ["--run-dir"], ["--run-dir", "a", "b"], ["--nope", "x"]):
+        proc = subprocess.run(
+            [sys.executable, "-S", "-m", "harness.exec.job_entry", *bad],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 2, (bad, proc.stderr)
+        assert "usage: python -m harness.exec.job_entry" in proc.stderr

@@ -119,7 +119,7 @@ def test_shape_gpus_and_names() -> None:
     assert spec.time_limit_min == 60
     assert "#SBATCH --signal=B:USR1@300\n" in plan.script
     assert "#SBATCH --no-requeue\n" in plan.script
-    assert plan.command == (PATHS.python, "-m", "harness.exec.job_entry", "--run-dir", plan.run_dir)
+    assert plan.command == (PATHS.python, "-S", "-m", "harness.exec.job_entry", "--run-dir", plan.run_dir)
 
 
 def test_job_comments_tell_masters_apart() -> None:
