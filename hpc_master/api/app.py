@@ -24,6 +24,7 @@ from hpc_master.db.engine import make_engine, make_sessionmaker, transaction
 from hpc_master.db.migrate import upgrade_to_head
 from hpc_master.errors import ClientError, PayloadTooLargeError
 from hpc_master.masterconf import MasterConfig
+from hpc_master.services.lifecycle import watch_stop_requests
 from hpc_master.services.users import TokenCache, ensure_default_users
 
 log = logging.getLogger("hpc_master")
@@ -126,6 +127,7 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
         openapi_url="/openapi.json",
     )
     app.state.det = build_state(config, engine)
+    watch_stop_requests()  # the preemption long polls wait for these instead of polling the database
     app.router.on_startup.append(app.state.det.start)
     app.router.on_shutdown.append(app.state.det.close)
     install_error_handlers(app)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -33,7 +32,8 @@ from hpc_master.services.users import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["harness"])
 
-PREEMPTION_POLL_S = 0.5
+PREEMPTION_POLL_S = 10.0
+"""How often a waiting preemption long poll re-reads the database without having been woken."""
 MAX_LONG_POLL_S = 60
 OP_LONG_POLL_S = 20  # under the harness's 30 s request timeout
 
@@ -185,10 +185,13 @@ async def preemption_signal(
 
     deadline = time.monotonic() + max(0, min(timeoutSeconds, MAX_LONG_POLL_S))
     while True:
+        requests = notify.stop_requests()  # before the read: a request committed during it is not missed
         preempt = await run_in_threadpool(check)
         if preempt or time.monotonic() >= deadline:
             return {"preempt": preempt}
-        await asyncio.sleep(min(PREEMPTION_POLL_S, max(0.0, deadline - time.monotonic())))
+        # Woken when a stop request commits (lifecycle.watch_stop_requests); the slow re-read is a backstop.
+        wait_s = min(PREEMPTION_POLL_S, max(0.0, deadline - time.monotonic()))
+        await notify.next_stop_request(requests, wait_s)
 
 
 @router.post("/allocations/{allocation_id}/signals/ack_preemption")

@@ -362,7 +362,5 @@ def _write_context_once(path: Path, data: bytes, uid: int | None, gid: int | Non
     with os.fdopen(fd, "wb") as f:
         if uid is not None:
             os.fchown(f.fileno(), uid, -1 if gid is None else gid)
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        f.write(data)  # not fsynced: see trialjob_files.write_run_dir
     os.replace(tmp, path)

@@ -13,8 +13,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import delete, event, func, inspect, select
+from sqlalchemy.orm import Session, UOWTransaction
 
 from hpc_master.db.models import (
     CheckpointModel,
@@ -26,6 +26,7 @@ from hpc_master.db.models import (
     TrialRunModel,
     utcnow,
 )
+from hpc_master.services import notify
 from hpc_master.services.common import InvalidTransitionError, get_or_404, guarded_update, record_event
 from hpc_master.services.states import (
     EARLY_EXIT_REASONS,
@@ -322,6 +323,38 @@ def take_searcher_op_completions(
 
 
 # ---------------------------------------------------------------- preemption
+
+
+def _note_stop_request(session: Session, _flush: UOWTransaction, _instances: object) -> None:
+    for obj in session.dirty:
+        if (
+            isinstance(obj, TrialRunModel)
+            and obj.preempt_requested
+            and inspect(obj).attrs.preempt_requested.history.added
+        ):
+            session.info["stop_requested"] = True
+            return
+
+
+def _wake_stop_waiters(session: Session) -> None:
+    if session.info.pop("stop_requested", False):
+        notify.stops_requested()
+
+
+def _forget_stop_request(session: Session) -> None:
+    session.info.pop("stop_requested", None)
+
+
+def watch_stop_requests() -> None:
+    """Wake the preemption long polls when a transaction that sets ``preempt_requested`` commits, wherever
+    it was set (a user's pause or kill, a searcher's pause), so they need not poll the database. Idempotent."""
+    for name, listener in (
+        ("before_flush", _note_stop_request),
+        ("after_commit", _wake_stop_waiters),
+        ("after_rollback", _forget_stop_request),
+    ):
+        if not event.contains(Session, name, listener):
+            event.listen(Session, name, listener)
 
 
 def request_preemption(session: Session, run_id: int) -> None:

@@ -1,6 +1,7 @@
 """Wakes the lifecycle loop when the API changed something it acts on (a new or activated experiment, a
-validation for the searcher), so the loop reacts at once instead of at its next tick; and counts the loop's
-searcher passes, so a request waiting for a searcher's decision re-reads the database only after one."""
+validation for the searcher), so the loop reacts at once instead of at its next tick; and counts two kinds of
+event that long-polling requests wait for, so they re-read the database only after one: the loop's searcher
+passes (a trial's next operation) and committed stop requests (a run's preemption signal)."""
 
 from __future__ import annotations
 
@@ -22,22 +23,43 @@ def wait(timeout_s: float) -> bool:
     return woke
 
 
-_searcher_passes = 0
-_pass_lock = threading.Lock()
-_pass_waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
+class Generation:
+    """A counter of events, fired from any thread, that asyncio requests wait on without polling it."""
 
+    def __init__(self) -> None:
+        self._count = 0
+        self._lock = threading.Lock()
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
 
-def searchers_driven() -> None:
-    """The lifecycle loop finished a pass over the searchers (called from its one thread); wakes the
-    requests waiting for one."""
-    global _searcher_passes
-    with _pass_lock:
-        _searcher_passes += 1
-        waiters = list(_pass_waiters)
-        _pass_waiters.clear()
-    for loop, future in waiters:
-        with contextlib.suppress(RuntimeError):  # that event loop is closed: nobody waits there any more
-            loop.call_soon_threadsafe(_settle, future)
+    def fire(self) -> None:
+        with self._lock:
+            self._count += 1
+            waiters = list(self._waiters)
+            self._waiters.clear()
+        for loop, future in waiters:
+            with contextlib.suppress(RuntimeError):  # that event loop is closed: nobody waits there any more
+                loop.call_soon_threadsafe(_settle, future)
+
+    def count(self) -> int:
+        return self._count
+
+    async def next(self, after: int, timeout_s: float) -> bool:
+        """Wait until the count has moved past `after`, or `timeout_s`; returns whether it has."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        entry = (loop, future)
+        with self._lock:
+            if self._count != after:
+                return True
+            self._waiters.add(entry)
+        try:
+            await asyncio.wait_for(future, timeout=max(0.0, timeout_s))
+        except TimeoutError:
+            pass
+        finally:
+            with self._lock:
+                self._waiters.discard(entry)
+        return self._count != after
 
 
 def _settle(future: asyncio.Future[None]) -> None:
@@ -45,25 +67,35 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+_searcher_passes = Generation()
+_stop_requests = Generation()
+
+
+def searchers_driven() -> None:
+    """The lifecycle loop finished a pass over the searchers (called from its one thread); wakes the
+    requests waiting for one."""
+    _searcher_passes.fire()
+
+
 def searcher_passes() -> int:
-    return _searcher_passes
+    return _searcher_passes.count()
 
 
 async def next_searcher_pass(after: int, timeout_s: float) -> bool:
     """Wait until a searcher pass after the ``after``-th one has ended, or ``timeout_s``; returns whether one
     has. Woken by the loop itself, not by polling the counter."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[None] = loop.create_future()
-    entry = (loop, future)
-    with _pass_lock:
-        if _searcher_passes != after:
-            return True
-        _pass_waiters.add(entry)
-    try:
-        await asyncio.wait_for(future, timeout=max(0.0, timeout_s))
-    except TimeoutError:
-        pass
-    finally:
-        with _pass_lock:
-            _pass_waiters.discard(entry)
-    return _searcher_passes != after
+    return await _searcher_passes.next(after, timeout_s)
+
+
+def stops_requested() -> None:
+    """A transaction that asked a run to stop (``preempt_requested`` set) has committed."""
+    _stop_requests.fire()
+
+
+def stop_requests() -> int:
+    return _stop_requests.count()
+
+
+async def next_stop_request(after: int, timeout_s: float) -> bool:
+    """Wait until a stop request after the ``after``-th one has committed, or ``timeout_s``."""
+    return await _stop_requests.next(after, timeout_s)

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
+from hpc_master.api import routes_harness
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import CheckpointModel, ExperimentModel, MetricModel, SessionModel, TrialModel
 from hpc_master.services import context, lifecycle, notify
@@ -388,6 +389,58 @@ def test_harness_signals_and_searcher(client: TestClient, sessions: sessionmaker
 
 
 # ---------------------------------------------------------------- logs
+
+
+def test_preemption_long_poll_is_woken_by_a_committed_stop_request(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    """A waiting long poll answers when a stop request commits, from any session (the searcher's pause in
+    the lifecycle loop, a user's pause through the API), not at its next re-read of the database; a request
+    rolled back wakes nobody."""
+    admin = login(client)
+    exp_id = create_experiment(client, admin)
+    trial_id, token = make_trial(sessions, exp_id)
+    url = f"/api/v1/allocations/{trial_id}.1/signals/preemption?timeoutSeconds=30"
+
+    before = notify.stop_requests()
+    with pytest.raises(RuntimeError), transaction(sessions) as s:
+        run = lifecycle.live_run_of(s, trial_id)
+        assert run is not None
+        run.preempt_requested = True
+        s.flush()
+        raise RuntimeError("rolled back")
+    assert notify.stop_requests() == before
+
+    def long_poll(stop: threading.Thread) -> tuple[dict[str, bool], float]:
+        started = time.monotonic()
+        stop.start()
+        got = client.get(url, headers=bearer(token)).json()
+        stop.join()
+        return got, time.monotonic() - started
+
+    def searcher_pause() -> None:  # what the lifecycle loop's searcher pass does, in its own session
+        time.sleep(0.3)
+        with transaction(sessions) as s:
+            run = lifecycle.live_run_of(s, trial_id)
+            assert run is not None
+            lifecycle.request_preemption(s, run.id)
+
+    got, elapsed = long_poll(threading.Thread(target=searcher_pause))
+    assert got == {"preempt": True}
+    assert elapsed < routes_harness.PREEMPTION_POLL_S / 2  # woken, not found by the slow re-read
+
+    with transaction(sessions) as s:  # the stop is called off; the trial goes on
+        run = lifecycle.live_run_of(s, trial_id)
+        assert run is not None
+        run.preempt_requested = run.preempt_acked = False
+
+    def user_pause() -> None:
+        time.sleep(0.3)
+        assert client.post(f"/api/v1/experiments/{exp_id}/pause", headers=admin).status_code == 200
+
+    got, elapsed = long_poll(threading.Thread(target=user_pause))
+    assert got == {"preempt": True}
+    assert elapsed < routes_harness.PREEMPTION_POLL_S / 2
 
 
 def test_trial_logs_follow(client: TestClient, sessions: sessionmaker[Session], tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The searcher-pass signal that long-polling requests wait on: woken by the loop's thread, never leaked."""
+"""The signals that long-polling requests wait on (searcher passes, stop requests): woken from another thread, never leaked."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ def test_a_pass_that_already_happened_answers_at_once() -> None:
     before = notify.searcher_passes()
     notify.searchers_driven()
     assert asyncio.run(notify.next_searcher_pass(before, 30)) is True
-    assert not notify._pass_waiters
+    assert not notify._searcher_passes._waiters
 
 
 def test_no_pass_times_out_and_leaves_no_waiter() -> None:
     now = notify.searcher_passes()
     assert asyncio.run(notify.next_searcher_pass(now, 0.05)) is False
-    assert not notify._pass_waiters
+    assert not notify._searcher_passes._waiters
 
 
 def test_a_pass_from_another_thread_wakes_every_waiter_before_the_timeout() -> None:
@@ -35,4 +35,4 @@ def test_a_pass_from_another_thread_wakes_every_waiter_before_the_timeout() -> N
     woke, elapsed = asyncio.run(main())
     assert woke == [True, True, True]
     assert elapsed < 10  # woken by the pass, not by the 30 s timeout
-    assert not notify._pass_waiters
+    assert not notify._searcher_passes._waiters
