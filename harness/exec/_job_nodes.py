@@ -60,6 +60,9 @@ def expand_nodelist(nodelist: str) -> list[str]:
 
 
 def hostnames(nodelist: str) -> list[str]:
+    plain = nodelist.strip()
+    if plain and not any(c in plain for c in "[],"):  # one node (most jobs): nothing to expand, no scontrol
+        return [plain]
     scontrol = shutil.which("scontrol")
     if scontrol:
         proc = subprocess.run(

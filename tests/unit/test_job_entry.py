@@ -223,3 +223,15 @@ def test_environment_ours_win_and_pythonpath_keeps_ours_first() -> None:
     assert env["DET_SESSION_TOKEN"] == "tok"
     assert env["DET_CHIEF_IP"] == "10.0.0.1"
     assert env["HOME"] == "/h"
+
+
+def test_a_single_node_list_needs_no_scontrol(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.exec import _job_nodes
+
+    def no_lookup(name: str) -> None:
+        raise AssertionError(f"looked up {name}: one node needs no expansion")
+
+    monkeypatch.setattr(_job_nodes.shutil, "which", no_lookup)
+    assert _job_nodes.hostnames(" node7 ") == ["node7"]
+    monkeypatch.undo()
+    assert _job_nodes.hostnames("node[1-2]") == ["node1", "node2"]  # scontrol or our own expansion
