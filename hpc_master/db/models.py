@@ -99,8 +99,10 @@ class ExperimentModel(Base):
     state: Mapped[str] = mapped_column(String(32), index=True)
     config_text: Mapped[str] = mapped_column(Text)
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
-    searcher_snapshot: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    context_archive: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    # Both deferred: loaded when read, not with every experiment row (listings, the loop's reads).
+    searcher_snapshot: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True, deferred=True)
+    """Grows with the trials (about 180 KB at 2,000)."""
+    context_archive: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True, deferred=True)
     """gzip'd tar of the model definition (≤ 95 MB uncompressed)."""
     context_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     archived: Mapped[bool] = mapped_column(Boolean, default=False)

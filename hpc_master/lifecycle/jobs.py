@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 import hpc_master
@@ -80,7 +81,7 @@ class _Submission:
     steps_completed: int
     owner_unix: str | None
     owner_name: str
-    context: bytes | None
+    has_context: bool
     token: str
 
 
@@ -158,7 +159,7 @@ class JobDriver:
                     steps_completed=int(trial.steps_completed),
                     owner_unix=owner.unix_username,
                     owner_name=owner.username,
-                    context=exp.context_archive,
+                    has_context=_has_context(s, exp.id),
                     token=svc.mint_trial_token(s, trial.id),
                 )
         except InvalidTransitionError as e:
@@ -190,6 +191,7 @@ class JobDriver:
             as_user, uid, gid = self._job_user(sub)
             config = parse_experiment_config(sub.config)
             trial_dir, _ = run_dirs(self.job_storage_root, sub.experiment_id, sub.trial_id, sub.run_number)
+            context_path = os.path.join(os.path.dirname(trial_dir), CONTEXT_FILE)  # one per experiment
             plan = build_trial_job(
                 config,
                 pool_from_master_config(self.config, config.resources.resource_pool),
@@ -203,7 +205,7 @@ class JobDriver:
                     latest_checkpoint=sub.latest_checkpoint,
                     steps_completed=sub.steps_completed,
                     request_id=sub.request_id,
-                    context_archive=os.path.join(trial_dir, CONTEXT_FILE) if sub.context else None,
+                    context_archive=context_path if sub.has_context else None,
                 ),
                 JobPaths(
                     job_storage_root=self.job_storage_root,
@@ -217,8 +219,8 @@ class JobDriver:
             )
             write_run_dir(plan, uid=uid, gid=gid)
             _ensure_image_cache(plan.plan)
-            if sub.context:
-                _write_context_once(Path(trial_dir) / CONTEXT_FILE, sub.context, uid, gid)
+            if sub.has_context:
+                self._write_context_once(sub.experiment_id, Path(context_path), uid, gid)
             job_id = self._sbatch(plan.script, plan.spec.comment, as_user)
         except (ClientError, OSError) as e:
             # Refused by us or by Slurm (bad partition, over a limit): the trial fails with the reason.
@@ -238,6 +240,18 @@ class JobDriver:
         self.poller.watch(job_id)
         log.info("trial %s run %s submitted as Slurm job %s", sub.trial_id, sub.run_number, job_id)
         return True
+
+    def _write_context_once(self, experiment_id: int, path: Path, uid: int | None, gid: int | None) -> None:
+        """The experiment's context archive, written next to its trials' directories by its first submission
+        (read from the database then only: it can be 95 MB, and a grid has thousands of trials)."""
+        if path.exists():
+            return
+        with self._tx() as s:
+            data = s.scalar(
+                select(ExperimentModel.context_archive).where(ExperimentModel.id == experiment_id)
+            )
+        if data is not None:
+            _write_file_once(path, data, uid, gid)
 
     def _sbatch(self, script: str, comment: str, as_user: str | None) -> str:
         """Submit; after an ambiguous failure (the controller may have accepted the job) adopt the job
@@ -354,7 +368,13 @@ def _read_exit(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _write_context_once(path: Path, data: bytes, uid: int | None, gid: int | None) -> None:
+def _has_context(session: Session, experiment_id: int) -> bool:
+    """Whether the experiment has a context archive, without reading it."""
+    stmt = select(ExperimentModel.context_archive.is_not(None)).where(ExperimentModel.id == experiment_id)
+    return bool(session.scalar(stmt))
+
+
+def _write_file_once(path: Path, data: bytes, uid: int | None, gid: int | None) -> None:
     if path.exists():
         return
     tmp = path.with_name(f".{path.name}.{os.getpid()}")

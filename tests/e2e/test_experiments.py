@@ -102,6 +102,12 @@ def test_async_halving_pauses_and_resumes_trials_and_picks_the_best(
         assert len(steps) == len(set(steps)), f"duplicated metrics for trial {t['id']}"
     exp_row = master.experiment(alice, exp)
     assert exp_row["progress"] == 1.0
+    # One context archive for the experiment, written as the researcher, unpacked into each trial's work/.
+    exp_dir = master.root / "jobs" / f"exp-{exp}"
+    assert [p.name for p in exp_dir.glob("*.tar.gz")] == ["context.tar.gz"]
+    assert (exp_dir / "context.tar.gz").stat().st_uid == master.researcher.uid
+    assert not list(exp_dir.glob("trial-*/*.tar.gz"))
+    assert all((exp_dir / f"trial-{t['id']}" / "work" / "train.py").is_file() for t in trials)
 
 
 TERMINAL_OK = {"STATE_COMPLETED", "STATE_ERROR", "STATE_CANCELED"}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import update
+from sqlalchemy import inspect, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from hpc_master.api import routes_harness
@@ -205,7 +205,11 @@ def test_context_is_stored_packed(client: TestClient, sessions: sessionmaker[Ses
     r = client.post("/api/v1/experiments", headers=admin, json={"config": CONFIG, "modelDefinition": files})
     exp_id = r.json()["experiment"]["id"]
     with transaction(sessions) as s:
-        archive = s.get(ExperimentModel, exp_id).context_archive  # type: ignore[union-attr]
+        exp = s.get(ExperimentModel, exp_id)
+        assert exp is not None
+        # Not read with the row (it can be 95 MB, and experiments are read everywhere): loaded when asked for.
+        assert {"context_archive", "searcher_snapshot"}.isdisjoint(inspect(exp).dict)
+        archive = exp.context_archive
     assert archive is not None and sorted(context.unpack_context_listing(archive)) == [
         "pkg",
         "pkg/m.py",
