@@ -7,7 +7,6 @@ is tried once.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +25,7 @@ class GridSearch(Algorithm):
         # and enumerating a 2,000-point grid each time cost more than the rest of the pass.
         self.space = space
         self.axes = hparams.grid_axes(space)
-        self.size = math.prod(len(values) for _, values in self.axes)
+        self.size = hparams.grid_size(space, self.axes)
         self.max_concurrent_trials = config.max_concurrent_trials
         self.max_length = config.max_length
         self.next_point = 0

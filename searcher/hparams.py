@@ -185,12 +185,11 @@ def grid_values(param: Param, path: str = "?") -> list[Any]:
 
 def grid(space: Space) -> list[dict[str, Any]]:
     """The cartesian product over every leaf, first key (sorted, depth-first) varying slowest."""
-    leaves = list(_leaves(space))
-    axes = [grid_values(param, ".".join(path)) for path, param in leaves]
+    axes = grid_axes(space)
     points = []
-    for combo in itertools.product(*axes):
+    for combo in itertools.product(*(values for _, values in axes)):
         out = _skeleton(space)
-        for (path, _), value in zip(leaves, combo, strict=True):
+        for (path, _), value in zip(axes, combo, strict=True):
             _set(out, path, copy.deepcopy(value))
         points.append(out)
     return points
@@ -215,9 +214,8 @@ def grid_point(space: Space, index: int, axes: GridAxes | None = None) -> dict[s
     return out
 
 
-def grid_size(space: Space) -> int:
-    leaves = list(_leaves(space))
-    return math.prod(len(grid_values(p, ".".join(path))) for path, p in leaves)
+def grid_size(space: Space, axes: GridAxes | None = None) -> int:
+    return math.prod(len(values) for _, values in (axes if axes is not None else grid_axes(space)))
 
 
 def check_for_method(config: SearcherConfig, space: Space) -> None:

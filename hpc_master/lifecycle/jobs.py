@@ -251,7 +251,7 @@ class JobDriver:
                 select(ExperimentModel.context_archive).where(ExperimentModel.id == experiment_id)
             )
         if data is not None:
-            _write_file_once(path, data, uid, gid)
+            _write_file(path, data, uid, gid)
 
     def _sbatch(self, script: str, comment: str, as_user: str | None) -> str:
         """Submit; after an ambiguous failure (the controller may have accepted the job) adopt the job
@@ -374,9 +374,7 @@ def _has_context(session: Session, experiment_id: int) -> bool:
     return bool(session.scalar(stmt))
 
 
-def _write_file_once(path: Path, data: bytes, uid: int | None, gid: int | None) -> None:
-    if path.exists():
-        return
+def _write_file(path: Path, data: bytes, uid: int | None, gid: int | None) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
     with os.fdopen(fd, "wb") as f:

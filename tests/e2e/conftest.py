@@ -133,6 +133,8 @@ poll_interval_s: 1
         context) per call, about 25 ms of CPU that benchmarks would count as the master's."""
         local = self._http_local
         if getattr(local, "generation", None) != self._http_generation:
+            if getattr(local, "client", None) is not None:
+                local.client.close()  # its pooled connections were to the previous master process
             local.client, local.generation = httpx.Client(timeout=30), self._http_generation
         client: httpx.Client = local.client
         return client
