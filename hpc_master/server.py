@@ -107,12 +107,28 @@ def start_daemon(argv: list[str]) -> int:
     return 0
 
 
+KEEP_ALIVE_S = 75
+
+
+def raise_open_files_limit() -> int:
+    """Raise the soft limit on open files to the hard one: a master serving a thousand trials holds a few
+    thousand connections, and login nodes often start services with a soft limit of 1024. The new limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return hard
+    return soft
+
+
 def serve(config: MasterConfig, log_level: str = "info") -> None:
     import uvicorn
 
     from hpc_master.api.app import create_app
 
     app = create_app(config)
+    raise_open_files_limit()
     loop = make_lifecycle_loop(app.state.det)
     loop.start()
     uvicorn.run(
@@ -123,6 +139,9 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
         ssl_certfile=str(config.tls.cert) if config.tls.cert else None,
         ssl_keyfile=str(config.tls.key) if config.tls.key else None,
         access_log=False,
+        # Each trial keeps up to three connections alive (its main thread, metrics, preemption watch) and
+        # often calls less than every 5 s (uvicorn's default): reconnecting would cost every such call.
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     loop.stop()
 

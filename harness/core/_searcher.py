@@ -85,10 +85,13 @@ class SearcherContext:
         self._trial_id = trial_id
         self._train = train
         self._units = units
+        self._next: dict[str, Any] | None = None
 
     def _next_length(self) -> int | None:
         path = f"/api/v1/trials/{self._trial_id}/searcher/operation"
-        out = retry(lambda: self._session.get(path), what="get searcher operation")
+        out, self._next = self._next, None
+        if out is None:
+            out = retry(lambda: self._session.get(path), what="get searcher operation")
         while out.get("pending"):  # the searcher has not answered the last completion yet: a long poll
             if preempt_signal_received():  # Slurm preempts or the time limit nears: end, to be resumed
                 return None
@@ -102,7 +105,9 @@ class SearcherContext:
         self._train.flush(timeout_s=60)  # validation metrics first, so the master sees them with the op
         body = {"op": {"validateAfter": {"length": length}}, "searcherMetric": metric}
         path = f"/api/v1/trials/{self._trial_id}/searcher/completed_operation"
-        retry(lambda: self._session.post(path, body), what="complete searcher operation")
+        out = retry(lambda: self._session.post(path, body), what="complete searcher operation")
+        nxt = out.get("next")  # the next operation's answer when the master already knows it
+        self._next = nxt if isinstance(nxt, dict) else None
 
     def operations(
         self, searcher_mode: SearcherMode = SearcherMode.WorkersAskChief, auto_ack: bool = True

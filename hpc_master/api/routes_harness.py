@@ -233,6 +233,10 @@ async def searcher_operation(
         # the loop's pass also follows): wait for the loop to say it made one, then read again.
         if not await notify.next_searcher_pass(passes, deadline - time.monotonic()):
             return {"op": None, "completed": False, "pending": True}
+    return _op_answer(length, op_state)
+
+
+def _op_answer(length: int | None, op_state: harness.OpState) -> dict[str, Any]:
     ready = op_state is harness.OpState.READY and length is not None
     return {
         "op": {"validateAfter": {"length": length}} if ready else None,
@@ -244,13 +248,17 @@ async def searcher_operation(
 def completed_operation(
     trial_id: int, body: CompletedOperationRequest, principal: AnyPrincipal, state: State
 ) -> dict[str, Any]:
+    """Records the completion. When the answer to the next ``GET .../searcher/operation`` is already known
+    (the trial reached ``max_length``, or is being stopped), it comes back as ``next``, in the same shape, so
+    the harness need not ask (one request less at the end of every trial); otherwise the harness asks."""
     with state.tx() as session:
         check_trial_access(session, principal, trial_id, write=True)
         harness.complete_searcher_operation(
             session, trial_id, body.op.validate_after.length, body.searcher_metric
         )
+        length, op_state = harness.searcher_operation(session, trial_id)
     notify.changed()
-    return {}
+    return {} if op_state is harness.OpState.WAITING else {"next": _op_answer(length, op_state)}
 
 
 @router.get("/experiments/{experiment_id}/searcher/best_searcher_validation_metric")

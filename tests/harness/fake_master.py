@@ -23,9 +23,12 @@ class FakeMaster:
         self.checkpoints: dict[str, Any] = {}
         self.ops: list[int] = []
         self.answer_pending = False
+        self.answer_next = False  # answer a completion with the next operation, as the real master can
         self.completed_ops: list[tuple[int, float]] = []
         self.progress: list[float] = []
         self.record_all = True
+        self.connections = 0  # TCP connections accepted (the harness keeps one alive per thread)
+        self._open: set[Any] = set()  # their sockets, closed by stop() as a crash would
         self._port = port
         self._server: ThreadingHTTPServer | None = None
         self.start()
@@ -42,6 +45,17 @@ class FakeMaster:
 
             def log_message(self, *_: Any) -> None:
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                with master.lock:
+                    master.connections += 1
+                    master._open.add(self.connection)
+
+            def finish(self) -> None:
+                with master.lock:
+                    master._open.discard(self.connection)
+                super().finish()
 
             def _answer(self, code: int, body: Any) -> None:
                 raw = json.dumps(body).encode()
@@ -81,6 +95,18 @@ class FakeMaster:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        self.drop_connections()
+
+    def drop_connections(self) -> None:
+        """Close every open connection, as a restarting master (or an idle timeout) does."""
+        import contextlib
+        import socket
+
+        with self.lock:
+            socks, self._open = list(self._open), set()
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def route(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         if self.record_all:
@@ -132,8 +158,11 @@ class FakeMaster:
                 length = body["op"]["validateAfter"]["length"]
                 if self.ops and self.ops[0] == length:
                     self.ops.pop(0)
-                self.answer_pending = True
                 self.completed_ops.append((length, body["searcherMetric"]))
+                if self.answer_next:
+                    op = {"validateAfter": {"length": self.ops[0]}} if self.ops else None
+                    return 200, {"next": {"op": op, "completed": not self.ops}}
+                self.answer_pending = True
             return 200, {}
         if path.endswith("/progress"):
             self.progress.append(body["progress"])

@@ -302,6 +302,22 @@ def test_checkpoints_listed_best_first(client: TestClient, sessions: sessionmake
     )
 
 
+def test_a_completion_whose_next_operation_is_undecided_comes_back_without_one(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    admin = login(client)
+    exp_id = create_experiment(client, admin)
+    trial_id, token = make_trial(sessions, exp_id)
+    with transaction(sessions) as s:
+        lifecycle.set_searcher_operation(s, trial_id, 50)  # a first rung; the searcher decides after it
+    body = {"op": {"validateAfter": {"length": 50}}, "searcherMetric": 0.3}
+    url = f"/api/v1/trials/{trial_id}/searcher/completed_operation"
+    assert client.post(url, headers=bearer(token), json=body).json() == {}  # the harness asks (a long poll)
+    pending = {"op": None, "completed": False, "pending": True}
+    got = client.get(f"/api/v1/trials/{trial_id}/searcher/operation?timeoutSeconds=0", headers=bearer(token))
+    assert got.json() == pending
+
+
 def test_harness_signals_and_searcher(client: TestClient, sessions: sessionmaker[Session]) -> None:
     admin = login(client)
     exp_id = create_experiment(client, admin)
@@ -319,10 +335,10 @@ def test_harness_signals_and_searcher(client: TestClient, sessions: sessionmaker
     op = client.get(f"/api/v1/trials/{trial_id}/searcher/operation", headers=h).json()
     assert op == {"op": {"validateAfter": {"length": 50}}, "completed": False}
     body = {"op": {"validateAfter": {"length": 50}}, "searcherMetric": 0.25}
-    assert (
-        client.post(f"/api/v1/trials/{trial_id}/searcher/completed_operation", headers=h, json=body).json()
-        == {}
-    )
+    # The run is being stopped, so the next operation's answer is known: it comes with the completion.
+    assert client.post(
+        f"/api/v1/trials/{trial_id}/searcher/completed_operation", headers=h, json=body
+    ).json() == {"next": {"op": None, "completed": False}}
     best = client.get(f"/api/v1/experiments/{exp_id}/searcher/best_searcher_validation_metric", headers=h)
     assert best.json() == {"metric": 0.25}
     # The completed operation is never handed out again. Its run was asked to stop above (a pause): no
@@ -356,10 +372,9 @@ def test_harness_signals_and_searcher(client: TestClient, sessions: sessionmaker
     # An operation of max_length is the trial's last: once completed, the answer is "done" at once, before
     # any searcher pass (none runs here), so the job ends without waiting for the lifecycle loop.
     body = {"op": {"validateAfter": {"length": 100}}, "searcherMetric": 0.2}
-    assert (
-        client.post(f"/api/v1/trials/{trial_id}/searcher/completed_operation", headers=h, json=body).json()
-        == {}
-    )
+    assert client.post(
+        f"/api/v1/trials/{trial_id}/searcher/completed_operation", headers=h, json=body
+    ).json() == {"next": {"op": None, "completed": True}}
     assert client.get(f"{url}?timeoutSeconds=0", headers=h).json() == {"op": None, "completed": True}
     with transaction(sessions) as s:
         lifecycle.request_preemption(s, run.id)

@@ -41,6 +41,17 @@ def test_daemon_start_and_stop(tmp_path: Path) -> None:
         assert info["clusterName"] == "hpc-det"
         assert (tmp_path / "state" / "master.pid").exists()
         assert (tmp_path / "data" / "master.db").exists()
+        # A job's calls are often more than uvicorn's default 5 s apart: the master keeps them alive longer.
+        from harness._http import MasterSession
+
+        session = MasterSession(f"http://127.0.0.1:{port}", "")
+        session.get("/api/v1/master")
+        conn = session._local.conn
+        assert conn is not None and conn.sock is not None
+        first = conn.sock.getsockname()
+        time.sleep(6)
+        session.get("/api/v1/master")
+        assert session._local.conn is conn and conn.sock is not None and conn.sock.getsockname() == first
     finally:
         stopped = subprocess.run([*cmd, "--stop"], env=env, capture_output=True, text=True)
     assert stopped.returncode == 0, stopped.stderr
@@ -53,3 +64,21 @@ def test_bad_config_exits_with_message(tmp_path: Path) -> None:
     from hpc_master.server import main
 
     assert main(["--config", str(bad)]) == 2
+
+
+def test_the_open_files_limit_is_raised_to_the_hard_limit() -> None:
+    code = (
+        "import resource; from hpc_master.server import raise_open_files_limit as r; "
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE); "
+        "print(soft, r(), resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)"
+    )
+    out = subprocess.run(
+        ["bash", "-c", f'ulimit -Sn 256 && exec "{sys.executable}" -c "{code}"'],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    before, returned, after, hard = (int(x) for x in out.stdout.split())
+    assert before == 256 and hard > 256
+    assert returned == after == hard

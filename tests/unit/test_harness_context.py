@@ -77,6 +77,27 @@ def test_on_cluster_end_to_end(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert sid in master.checkpoints
 
 
+@pytest.mark.parametrize("answer_next", [False, True])
+def test_a_completion_that_brings_the_next_operation_saves_asking(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, answer_next: bool
+) -> None:
+    master = FakeMaster()
+    master.ops, master.answer_next = [4, 8], answer_next
+    monkeypatch.setenv("DET_CLUSTER_INFO", json.dumps(cluster_info(master)))
+    monkeypatch.setenv("DET_STORAGE_ROOT", str(tmp_path))
+    with core.init() as ctx:
+        lengths = []
+        for op in ctx.searcher.operations():
+            lengths.append(op.length)
+            ctx.train.report_validation_metrics(op.length, {"loss": 0.5})
+            op.report_completed(0.5)
+    assert lengths == [4, 8] and master.completed_ops == [(4, 0.5), (8, 0.5)]
+    asked = [p for m, p, _ in master.requests if m == "GET" and p.endswith("/searcher/operation")]
+    # The first operation is always asked for; after each completion only when the master did not say.
+    # (Without `next`, each completion is answered "pending" once, as the real master's is.)
+    assert len(asked) == (1 if answer_next else 5)
+
+
 def test_invalid_hp_exits_zero_and_reports(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     master = FakeMaster()
     info_path = tmp_path / "ci.json"
