@@ -110,11 +110,12 @@ class _PreemptionWatcher(threading.Thread):
 
     def run(self) -> None:
         attempt = 0
-        timeout_s = 0  # a quick first look, then long polls
+        # Long polls from the start: the master reads the state before it waits, so a stop requested before
+        # the job started is answered at once (a quick first look would cost every trial a request).
         while not self.preempt and not self._quit.is_set():
             try:
-                self.preempt = self._poll(timeout_s)
-                timeout_s, attempt = self._longpoll_s, 0
+                self.preempt = self._poll(self._longpoll_s)
+                attempt = 0
             except Exception as e:
                 delay = backoff_s(attempt, base_s=1.0, cap_s=30.0)
                 if attempt % 10 == 0:

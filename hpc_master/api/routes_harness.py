@@ -173,9 +173,13 @@ async def preemption_signal(
     allocation_id: str,
     principal: AnyPrincipal,
     state: State,
+    request: Request,
     timeoutSeconds: int = 0,
 ) -> dict[str, Any]:
-    """Long poll: answers as soon as preemption is requested, or after ``timeoutSeconds`` (≤ 60)."""
+    """Long poll: answers as soon as preemption is requested, or after ``timeoutSeconds`` (≤ 60).
+
+    A job that ended leaves its poll open until the connection closes; the poll stops re-reading then (every
+    trial's last poll would otherwise re-read the database until its timeout)."""
     trial_id, run_number = harness.parse_allocation_id(allocation_id)
 
     def check() -> bool:
@@ -192,6 +196,8 @@ async def preemption_signal(
         # Woken when a stop request commits (lifecycle.watch_stop_requests); the slow re-read is a backstop.
         wait_s = min(PREEMPTION_POLL_S, max(0.0, deadline - time.monotonic()))
         await notify.next_stop_request(requests, wait_s)
+        if await request.is_disconnected():
+            return {"preempt": False}  # nobody is listening
 
 
 @router.post("/allocations/{allocation_id}/signals/ack_preemption")

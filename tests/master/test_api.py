@@ -7,15 +7,17 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import inspect, update
+from sqlalchemy import Engine, inspect, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from hpc_master.api import routes_harness
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import CheckpointModel, ExperimentModel, MetricModel, SessionModel, TrialModel
+from hpc_master.masterconf import MasterConfig
 from hpc_master.services import context, lifecycle, notify
 from hpc_master.services.states import TerminationReason
 
@@ -408,6 +410,57 @@ def test_harness_signals_and_searcher(client: TestClient, sessions: sessionmaker
 
 
 # ---------------------------------------------------------------- logs
+
+
+def test_a_preemption_poll_whose_job_went_away_stops_reading_the_database(
+    client: TestClient,
+    sessions: sessionmaker[Session],
+    config: MasterConfig,
+    engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job that ended leaves its last long poll open until its connection closes (a real server is needed
+    to see that); the poll must not go on re-reading the database until its timeout."""
+    import socket
+
+    import uvicorn
+
+    from hpc_master.api.app import create_app
+    from hpc_master.services import harness
+
+    monkeypatch.setattr(routes_harness, "PREEMPTION_POLL_S", 0.1)
+    reads: list[float] = []
+    real_state = harness.preemption_state
+
+    def counted(*args: Any) -> bool:
+        reads.append(time.monotonic())
+        return real_state(*args)
+
+    monkeypatch.setattr(harness, "preemption_state", counted)
+    exp_id = create_experiment(client, login(client))
+    trial_id, token = make_trial(sessions, exp_id)
+    server = uvicorn.Server(uvicorn.Config(create_app(config, engine=engine), port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(
+                f"GET /api/v1/allocations/{trial_id}.1/signals/preemption?timeoutSeconds=30 HTTP/1.1\r\n"
+                f"Host: m\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+            )
+            time.sleep(0.5)
+            assert len(reads) >= 3  # it polls while the job is there
+        time.sleep(0.3)  # the job is gone (its process exited: the connection closed)
+        settled = len(reads)
+        time.sleep(1.0)
+        assert len(reads) == settled
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 def test_preemption_long_poll_is_woken_by_a_committed_stop_request(

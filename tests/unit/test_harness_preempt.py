@@ -16,7 +16,13 @@ from fake_master import FakeMaster
 from parallel import free_port, run_ranks
 
 from harness._http import MasterSession
-from harness.core import DistributedContext, DummyPreemptContext, PreemptContext, PreemptMode
+from harness.core import (
+    DistributedContext,
+    DummyDistributedContext,
+    DummyPreemptContext,
+    PreemptContext,
+    PreemptMode,
+)
 from harness.core._preempt import get_preempt_signals
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,6 +77,21 @@ def test_master_signal_reaches_every_rank_and_is_acked() -> None:
     steps = run_ranks(3, fn)
     assert len(set(steps)) == 1 and steps[0] >= 5
     assert master.acks == 1
+
+
+def test_a_stop_requested_before_the_job_started_is_seen_by_the_first_long_poll() -> None:
+    master = FakeMaster()
+    master.preempt.set()
+    session = MasterSession(master.url, master.token)
+    with PreemptContext(session, "7.1", DummyDistributedContext(), longpoll_s=60) as p:
+        deadline = time.monotonic() + 5
+        while not p.should_preempt() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert p.should_preempt()
+    polls = [path for _, path, _ in master.requests if "/signals/preemption" in path]
+    assert polls == [
+        "/api/v1/allocations/7.1/signals/preemption?timeoutSeconds=60"
+    ]  # one request, a long poll
 
 
 def test_signal_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
