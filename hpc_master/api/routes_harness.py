@@ -195,7 +195,7 @@ async def preemption_signal(
             return {"preempt": preempt}
         # Woken when a stop request commits (lifecycle.watch_stop_requests); the slow re-read is a backstop.
         wait_s = min(PREEMPTION_POLL_S, max(0.0, deadline - time.monotonic()))
-        await notify.next_stop_request(requests, wait_s)
+        await notify.next_stop_request((trial_id, run_number), requests, wait_s)
         if await request.is_disconnected():
             return {"preempt": False}  # nobody is listening
 

@@ -332,13 +332,13 @@ def _note_stop_request(session: Session, _flush: UOWTransaction, _instances: obj
             and obj.preempt_requested
             and inspect(obj).attrs.preempt_requested.history.added
         ):
-            session.info["stop_requested"] = True
-            return
+            session.info.setdefault("stop_requested", set()).add((obj.trial_id, obj.run_number))
 
 
 def _wake_stop_waiters(session: Session) -> None:
-    if session.info.pop("stop_requested", False):
-        notify.stops_requested()
+    runs = session.info.pop("stop_requested", None)
+    if runs:
+        notify.stops_requested(runs)
 
 
 def _forget_stop_request(session: Session) -> None:
@@ -346,8 +346,9 @@ def _forget_stop_request(session: Session) -> None:
 
 
 def watch_stop_requests() -> None:
-    """Wake the preemption long polls when a transaction that sets ``preempt_requested`` commits, wherever
-    it was set (a user's pause or kill, a searcher's pause), so they need not poll the database. Idempotent."""
+    """Wake the preemption long polls of the runs a committed transaction set ``preempt_requested`` on,
+    wherever it was set (a user's pause or kill, a searcher's pause or stop), so they need not poll the
+    database; the other runs' polls sleep on. Idempotent."""
     for name, listener in (
         ("before_flush", _note_stop_request),
         ("after_commit", _wake_stop_waiters),

@@ -463,6 +463,40 @@ def test_a_preemption_poll_whose_job_went_away_stops_reading_the_database(
         thread.join(10)
 
 
+def test_a_stop_request_for_another_run_does_not_wake_a_preemption_poll(
+    client: TestClient, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grid search stops each trial as it completes: that must not make every running trial's poll re-read."""
+    from hpc_master.services import harness
+
+    reads: list[int] = []
+    real_state = harness.preemption_state
+
+    def counted(session: Session, trial_id: int, run_number: int) -> bool:
+        reads.append(trial_id)
+        return real_state(session, trial_id, run_number)
+
+    monkeypatch.setattr(harness, "preemption_state", counted)
+    admin = login(client)
+    exp_id = create_experiment(client, admin)
+    watched, token = make_trial(sessions, exp_id, "r1")
+    other, _ = make_trial(sessions, exp_id, "r2")
+
+    def stop_other() -> None:
+        time.sleep(0.3)
+        with transaction(sessions) as s:
+            run = lifecycle.live_run_of(s, other)
+            assert run is not None
+            lifecycle.request_preemption(s, run.id)
+
+    stopper = threading.Thread(target=stop_other)
+    stopper.start()
+    url = f"/api/v1/allocations/{watched}.1/signals/preemption?timeoutSeconds=1"
+    assert client.get(url, headers=bearer(token)).json() == {"preempt": False}
+    stopper.join()
+    assert reads == [watched, watched]  # when asked, and at its timeout; not when the other run was stopped
+
+
 def test_preemption_long_poll_is_woken_by_a_committed_stop_request(
     client: TestClient, sessions: sessionmaker[Session]
 ) -> None:
