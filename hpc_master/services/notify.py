@@ -25,50 +25,11 @@ def wait(timeout_s: float) -> bool:
     return woke
 
 
-class Generation:
-    """A counter of events, fired from any thread, that asyncio requests wait on without polling it."""
-
-    def __init__(self) -> None:
-        self._count = 0
-        self._lock = threading.Lock()
-        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
-
-    def fire(self) -> None:
-        with self._lock:
-            self._count += 1
-            waiters = list(self._waiters)
-            self._waiters.clear()
-        for loop, future in waiters:
-            with contextlib.suppress(RuntimeError):  # that event loop is closed: nobody waits there any more
-                loop.call_soon_threadsafe(_settle, future)
-
-    def count(self) -> int:
-        return self._count
-
-    async def next(self, after: int, timeout_s: float) -> bool:
-        """Wait until the count has moved past `after`, or `timeout_s`; returns whether it has."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        entry = (loop, future)
-        with self._lock:
-            if self._count != after:
-                return True
-            self._waiters.add(entry)
-        try:
-            await asyncio.wait_for(future, timeout=max(0.0, timeout_s))
-        except TimeoutError:
-            pass
-        finally:
-            with self._lock:
-                self._waiters.discard(entry)
-        return self._count != after
-
-
 class KeyedGeneration:
-    """Events for keys (a run: ``(trial_id, run_number)``), fired from any thread; a request waits for its own
-    key's, so an event wakes only the requests waiting on its keys. Each key remembers the event count at its
-    last event (the most recent ``KEEP`` keys), so an event between a request's count and its wait is not
-    missed."""
+    """Events for keys, fired from any thread, that asyncio requests wait on without polling; a request waits
+    for its own key's (a run, ``(trial_id, run_number)``), so an event wakes only the requests waiting on its
+    keys. Each key remembers the event count at its last event (the most recent ``KEEP`` keys), so an event
+    between a request's count and its wait is not missed."""
 
     KEEP = 100_000
 
@@ -89,7 +50,7 @@ class KeyedGeneration:
             while len(self._last) > self.KEEP:
                 self._last.popitem(last=False)
         for loop, future in woken:
-            with contextlib.suppress(RuntimeError):  # that event loop is closed
+            with contextlib.suppress(RuntimeError):  # that event loop is closed: nobody waits there any more
                 loop.call_soon_threadsafe(_settle, future)
 
     def count(self) -> int:
@@ -123,14 +84,15 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-_searcher_passes = Generation()
+_searcher_passes = KeyedGeneration()  # one key: every pass concerns every waiting request
+_PASS = "pass"
 _stop_requests = KeyedGeneration()
 
 
 def searchers_driven() -> None:
     """The lifecycle loop finished a pass over the searchers (called from its one thread); wakes the
     requests waiting for one."""
-    _searcher_passes.fire()
+    _searcher_passes.fire([_PASS])
 
 
 def searcher_passes() -> int:
@@ -140,7 +102,7 @@ def searcher_passes() -> int:
 async def next_searcher_pass(after: int, timeout_s: float) -> bool:
     """Wait until a searcher pass after the ``after``-th one has ended, or ``timeout_s``; returns whether one
     has. Woken by the loop itself, not by polling the counter."""
-    return await _searcher_passes.next(after, timeout_s)
+    return await _searcher_passes.next(_PASS, after, timeout_s)
 
 
 def stops_requested(runs: Iterable[tuple[int, int]]) -> None:
