@@ -11,7 +11,6 @@ Overrides, for tests and for sites whose node names resolve to the wrong network
 from __future__ import annotations
 
 import re
-import shutil
 import socket
 import subprocess
 from collections.abc import Mapping
@@ -63,6 +62,8 @@ def hostnames(nodelist: str) -> list[str]:
     plain = nodelist.strip()
     if plain and not any(c in plain for c in "[],"):  # one node (most jobs): nothing to expand, no scontrol
         return [plain]
+    import shutil  # not on the one-node path: every job imports this module
+
     scontrol = shutil.which("scontrol")
     if scontrol:
         proc = subprocess.run(

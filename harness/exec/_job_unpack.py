@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import os
 import posixpath
-import shutil
 import stat
 from collections.abc import Iterator
-from typing import IO, TYPE_CHECKING
 
-if TYPE_CHECKING:  # imported when an archive is opened: every job imports this module, few unpack
+# Every job imports this module and few unpack: typing (3 ms; mypy reads this TYPE_CHECKING like typing's) and
+# the archive modules are imported only by the type checker or when an archive is opened.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
     import tarfile
     import zipfile
+    from typing import IO
 
 DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB unpacked (the CLI refuses contexts over 95 MB before compression)
 MAX_ENTRIES = 200_000
@@ -192,6 +194,8 @@ def unpack_context(archive: str, dest: str, *, max_bytes: int = DEFAULT_MAX_BYTE
         raise FileExistsError(dest)
     parent = os.path.dirname(os.path.abspath(dest))
     tmp = os.path.join(parent, f".{os.path.basename(dest)}.unpacking-{os.getpid()}")
+    import shutil  # with bz2 and lzma: only when a context is unpacked (tarfile imports it anyway)
+
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp, 0o755)
     try:

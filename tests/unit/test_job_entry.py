@@ -226,12 +226,35 @@ def test_environment_ours_win_and_pythonpath_keeps_ours_first() -> None:
 
 
 def test_a_single_node_list_needs_no_scontrol(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
     from harness.exec import _job_nodes
 
     def no_lookup(name: str) -> None:
         raise AssertionError(f"looked up {name}: one node needs no expansion")
 
-    monkeypatch.setattr(_job_nodes.shutil, "which", no_lookup)
+    monkeypatch.setattr(shutil, "which", no_lookup)
     assert _job_nodes.hostnames(" node7 ") == ["node7"]
     monkeypatch.undo()
     assert _job_nodes.hostnames("node[1-2]") == ["node1", "node2"]  # scontrol or our own expansion
+
+
+def test_the_job_entry_imports_nothing_a_plain_launch_does_not_need() -> None:
+    """Every trial job starts the job entry before its entrypoint, so its imports are paid on every launch:
+    typing, datetime, shutil (which pulls bz2 and lzma), the archive modules, argparse and the container
+    modules are left to the type checker or to the branches that need them."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    code = "import sys, harness.exec.job_entry; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code],
+        env={"PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    heavy = {"typing", "datetime", "shutil", "bz2", "lzma", "tarfile", "zipfile", "argparse", "containers.job"}
+    assert "harness.exec.job_entry" in out
+    assert sorted(heavy & set(out)) == []
