@@ -128,6 +128,7 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
     from hpc_master.api.app import create_app
 
     app = create_app(config)
+    app.state.det.writer.start(worker=True)  # on SQLite, its ingest worker is ready for the first batch
     raise_open_files_limit()
     loop = make_lifecycle_loop(app.state.det)
     loop.start()

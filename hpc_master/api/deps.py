@@ -38,8 +38,8 @@ class AppState:
     """Metric batches answered by the fast path (``fast_ingest.MetricsFastPath``), for tests and benchmarks."""
 
     def __post_init__(self) -> None:
-        self.writer = MetricsWriter(self.sessions)
         path = sqlite_file(self.engine)
+        self.writer = MetricsWriter(self.sessions, worker_db=path)
         self.checkpointer = WalCheckpointer(path, lambda: self.writer.rows) if path else None
 
     def start(self) -> None:

@@ -65,11 +65,13 @@ def ingest_batch(principal: Principal, trial_id: int, reports: list[MetricReport
 
 
 def _ingest_body(principal: Principal, trial_id: int, body: bytes) -> Any:
-    """``ingest_batch`` for a body parsed only if the writer needs it (its raw form failed)."""
+    """``ingest_batch`` for a body parsed only if the writer needs it (its raw or worker form failed or did
+    not apply); its result also says whether the batch held validations."""
 
-    def apply(session: Session) -> tuple[int, int]:
+    def apply(session: Session) -> tuple[int, int, bool]:
         reports = reports_of(MetricsBatchRequest.model_validate_json(body).metrics)
-        return ingest_batch(principal, trial_id, reports)(session)  # type: ignore[no-any-return]
+        accepted, duplicates = ingest_batch(principal, trial_id, reports)(session)
+        return accepted, duplicates, any(r.group == "validation" for r in reports)
 
     return apply
 
@@ -112,28 +114,30 @@ class MetricsFastPath:
         if principal.trial_id is not None and principal.trial_id != trial_id:
             await self.app(scope, _replay(body, more, receive), send)  # the route answers 403
             return
+        own = principal.trial_id == trial_id
         try:
-            rows = None
-            if state.writer.takes_raw and principal.trial_id == trial_id:
-                rows = plain_training_rows(body, trial_id)
-            if rows is not None:
-                # Plain training metrics of the trial's own harness: encoded here, stored in driver SQL.
-                validations = False
-                raw = partial(sqlite_ingest_raw, trial_id=trial_id, rows=rows)
-                accepted, duplicates = await state.writer.run(
-                    _ingest_body(principal, trial_id, body), len(rows), raw
+            if own and state.writer.takes_body:
+                # The trial's own harness on a SQLite file: the ingest worker parses and stores the body.
+                rows = body.count(b'"stepsCompleted"')  # an estimate, for the writer's group size
+                result = await state.writer.run(
+                    _ingest_body(principal, trial_id, body), rows, body=(trial_id, body)
                 )
+            elif (
+                own and state.writer.takes_raw and (rows_ := plain_training_rows(body, trial_id)) is not None
+            ):
+                # Plain training metrics of the trial's own harness: encoded here, stored in driver SQL.
+                raw = partial(sqlite_ingest_raw, trial_id=trial_id, rows=rows_)
+                result = await state.writer.run(_ingest_body(principal, trial_id, body), len(rows_), raw)
             else:
                 reports = reports_of(MetricsBatchRequest.model_validate_json(body).metrics)
-                validations = any(r.group == "validation" for r in reports)
-                accepted, duplicates = await state.writer.run(
-                    ingest_batch(principal, trial_id, reports), len(reports)
-                )
+                result = await state.writer.run(ingest_batch(principal, trial_id, reports), len(reports))
+                result = (*result, any(r.group == "validation" for r in reports))
         except Exception:  # a bad body (ValidationError), a trial that is gone, a database error
             await self.app(scope, _replay(body, more, receive), send)  # the route gives the error
             return
+        accepted, duplicates, *validations = result
         state.fast_ingests += 1
-        if validations:
+        if any(validations):
             notify.changed()  # the searcher reacts to validations
         payload = b'{"accepted":%d,"duplicates":%d}' % (accepted, duplicates)
         headers = [*_HEADERS, (b"content-length", str(len(payload)).encode())]

@@ -14,13 +14,21 @@ batches all have one runs on the pool's connection with driver SQL, ``BEGIN IMME
 no ORM session: at 100 rows per batch the session's per-transaction cost was a fifth of the writer's time.
 If anything in it fails, it is rolled back and the group runs again the ordinary way, which gives each
 batch its own answer (the work is idempotent).
+
+On a SQLite file, a batch may instead come as its ``body`` (a per-trial token's batch, not yet parsed): the
+writer sends those to a child process (``ingest_worker``) that parses and stores them on its own interpreter
+lock, and runs the ones it did not store (not the plain form, or a failed group) the ordinary way. If the
+child cannot be started or dies, the writer stores everything itself and tries a new child after
+``WORKER_RETRY_S``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +36,12 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from hpc_master.api.ingest_worker import OK, IngestWorker
 from hpc_master.db.engine import transaction
 
+log = logging.getLogger(__name__)
+
+WORKER_RETRY_S = 30.0
 Apply = Callable[[Session], Any]
 RawApply = Callable[[Any], Any]
 """The same work as an ``Apply``, on a SQLite DBAPI connection inside the writer's transaction."""
@@ -42,6 +54,8 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
     raw: RawApply | None = None
+    body: tuple[int, bytes] | None = None
+    """(trial id, request body): the batch for the ingest worker."""
 
 
 def _resolve(job: _Job, result: Any = None, error: BaseException | None = None) -> None:
@@ -57,7 +71,9 @@ def _resolve(job: _Job, result: Any = None, error: BaseException | None = None) 
 
 
 class MetricsWriter:
-    def __init__(self, sessions: sessionmaker[Session], *, max_rows: int = 5000) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], *, max_rows: int = 5000, worker_db: str | None = None
+    ) -> None:
         self._sessions = sessions
         bind = sessions.kw.get("bind")
         self._raw_engine: Engine | None = (
@@ -70,18 +86,37 @@ class MetricsWriter:
         self.groups = 0  # transactions committed (for tests and benchmarks)
         self.rows = 0  # metric rows in them (the WAL checkpointer's cue)
         self.raw_groups = 0  # of which on the DBAPI connection
+        self.worker_groups = 0  # groups the ingest worker stored (some of their batches, at least)
+        self._worker_db = worker_db
+        self._worker: IngestWorker | None = None
+        self._worker_retry_at = 0.0
 
     @property
     def takes_raw(self) -> bool:
         """Whether ``run(..., raw=...)`` can use the raw form (SQLite)."""
         return self._raw_engine is not None
 
-    async def run(self, apply: Apply, rows: int, raw: RawApply | None = None) -> Any:
-        """Run ``apply(session)`` (or ``raw(dbapi_connection)``) in a group transaction; returns its result
-        once committed."""
+    @property
+    def takes_body(self) -> bool:
+        """Whether ``run(..., body=...)`` can hand the batch to the ingest worker (a SQLite file, and no
+        worker failure in the last ``WORKER_RETRY_S``)."""
+        return self._worker_db is not None and time.monotonic() >= self._worker_retry_at
+
+    async def run(
+        self, apply: Apply, rows: int, raw: RawApply | None = None, body: tuple[int, bytes] | None = None
+    ) -> Any:
+        """Run ``apply(session)`` (or ``raw(dbapi_connection)``, or the ingest worker on ``body``, whose
+        result is ``(accepted, duplicates)``) in a group transaction; returns its result once committed."""
         self._ensure_started()
         loop = asyncio.get_running_loop()
-        job = _Job(apply, rows, loop, loop.create_future(), raw if self.takes_raw else None)
+        job = _Job(
+            apply,
+            rows,
+            loop,
+            loop.create_future(),
+            raw if self.takes_raw else None,
+            body if self.takes_body else None,
+        )
         self._queue.put(job)
         return await job.future
 
@@ -91,16 +126,28 @@ class MetricsWriter:
         if thread is not None:
             self._queue.put(None)
             thread.join(timeout=30)
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
 
-    def _ensure_started(self) -> None:
+    def start(self, *, worker: bool = False) -> None:
+        """Start the writer's thread now rather than at the first batch, and with ``worker``, its ingest
+        worker too (the server does, so that its first batches do not wait ~0.5 s for the child to start)."""
+        self._ensure_started(worker)
+
+    def _ensure_started(self, worker: bool = False) -> None:
         if self._thread is not None:
             return
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="metrics-writer", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._loop, args=(worker,), name="metrics-writer", daemon=True
+                )
                 self._thread.start()
 
-    def _loop(self) -> None:
+    def _loop(self, worker: bool) -> None:
+        if worker and self.takes_body:
+            self._worker_run([])  # starts it
         while True:
             first = self._queue.get()
             if first is None:
@@ -121,6 +168,10 @@ class MetricsWriter:
                 return
 
     def _commit(self, group: list[_Job]) -> None:
+        if any(job.body is not None for job in group):
+            group = self._commit_worker(group)
+            if not group:
+                return
         if self._raw_engine is not None and all(job.raw is not None for job in group):
             results = self._commit_raw(self._raw_engine, group)
             if results is not None:
@@ -144,6 +195,45 @@ class MetricsWriter:
         self.rows += sum(job.rows for job in group)
         for job, result in zip(group, results, strict=True):
             _resolve(job, result)
+
+    def _commit_worker(self, group: list[_Job]) -> list[_Job]:
+        """The group's ``body`` batches through the ingest worker; returns the jobs still to run."""
+        sent = [job for job in group if job.body is not None]
+        rest = [job for job in group if job.body is None]
+        answers = self._worker_run([job.body for job in sent if job.body is not None])
+        if answers is None:
+            return group
+        stored = 0
+        for job, (status, accepted, duplicates) in zip(sent, answers, strict=True):
+            if status == OK:
+                _resolve(job, (accepted, duplicates))
+                stored += accepted + duplicates
+            else:
+                rest.append(job)
+        if stored:
+            self.groups += 1
+            self.worker_groups += 1
+            self.rows += stored
+        return rest
+
+    def _worker_run(self, bodies: list[tuple[int, bytes]]) -> list[tuple[int, int, int]] | None:
+        """The worker's answers, or None if it could not be started or failed (then retried later)."""
+        assert self._worker_db is not None
+        try:
+            if self._worker is None:
+                self._worker = IngestWorker(self._worker_db)
+            return self._worker.run(bodies)
+        except Exception as e:  # a missing worker must never fail a batch: the writer stores it
+            log.warning(
+                "metrics ingest worker failed (%s); the master stores metric batches itself for %.0f s",
+                e,
+                WORKER_RETRY_S,
+            )
+            if self._worker is not None:
+                self._worker.close()
+                self._worker = None
+            self._worker_retry_at = time.monotonic() + WORKER_RETRY_S
+            return None
 
     def _commit_raw(self, engine: Engine, group: list[_Job]) -> list[Any] | None:
         """The group on the pool's SQLite connection; None (rolled back) if anything failed."""

@@ -3,7 +3,10 @@
 At 100 rows per batch, validating into ``MetricsBatchRequest`` models, converting them and encoding each
 row's metrics again cost about as much as storing the rows. ``plain_training_rows`` accepts only a strict
 subset of the valid bodies, the form the harness sends, and turns it straight into SQLite rows; the fast
-path hands every other body to pydantic, which stays the judge of what is valid.
+path hands every other body to pydantic, which stays the judge of what is valid. It parses and encodes
+with orjson (half of jiter's time for both, at the harness's row size). orjson refuses NaN and Infinity,
+and reads integers beyond 64 bits as floats, so bodies with those (any integer of 19 digits, to be sure) go to
+pydantic too.
 """
 
 from __future__ import annotations
@@ -13,13 +16,20 @@ import functools
 import re
 from typing import Any
 
-from pydantic_core import from_json, to_json
+import orjson
 
 from hpc_master.api.schemas import MAX_BATCH_ROWS
 from hpc_master.db.models import utcnow
 from hpc_master.services.metrics import sqlite_time
 
 _PLAIN_KEYS = frozenset({"trialRunId", "stepsCompleted", "group", "metrics", "reportTime"})
+_HARNESS_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-5][0-9]\.[0-9]{6}\+00:00")
+"""What ``datetime.now(timezone.utc).isoformat()`` gives the harness (but for a whole second: no fraction)."""
+_DIGITS = bytes(48 if 48 <= b <= 57 else 46 if b == 46 else 32 for b in range(256))
+"""``bytes.translate`` table: every digit becomes ``0``, a dot stays, everything else becomes a space."""
+_LONG_INTEGER = b" " + b"0" * 19
+"""In a body translated by ``_DIGITS``: an integer orjson may read differently than pydantic (|n| ≥ 10**18;
+a fraction's digits follow a dot, so a loss of 0.0072992700729927005 is no match)."""
 _MINUTE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}")
 _RFC3339 = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})"
@@ -27,24 +37,10 @@ _RFC3339 = re.compile(
 
 
 def _plain_time(value: Any, now: str) -> str:
-    """``reportTime`` as stored: absent → now; an RFC 3339 timestamp (what the harness sends) → UTC."""
+    """``reportTime`` as stored: absent → now; an RFC 3339 timestamp → UTC."""
     if value is None:
         return now
-    if type(value) is not str:
-        raise ValueError("not a plain timestamp")
-    if (  # the harness's own form, "2026-11-23T02:50:00.123456+00:00": UTC, only the layout changes
-        len(value) == 32
-        and value.isascii()
-        and value[16] == ":"
-        and value[19] == "."
-        and value.endswith("+00:00")
-        and value[17:19].isdigit()
-        and value[17:19] < "60"
-        and value[20:26].isdigit()
-        and _valid_minute(value[:16])
-    ):
-        return f"{value[:10]} {value[11:26]}"
-    if not _RFC3339.fullmatch(value):
+    if type(value) is not str or not _RFC3339.fullmatch(value):
         raise ValueError("not a plain timestamp")
     return sqlite_time(dt.datetime.fromisoformat(value))  # ValueError for impossible dates
 
@@ -72,7 +68,9 @@ def plain_training_rows(body: bytes, trial_id: int) -> list[tuple[Any, ...]] | N
     thirds of validating into models and converting them.
     """
     try:
-        data = from_json(body)  # the parser model_validate_json uses (jiter)
+        if _LONG_INTEGER in body.translate(_DIGITS):  # ~0.2 µs a row
+            return None
+        data = orjson.loads(body)
         if type(data) is not dict or data.keys() != {"metrics"}:
             return None
         items = data["metrics"]
@@ -80,6 +78,7 @@ def plain_training_rows(body: bytes, trial_id: int) -> list[tuple[Any, ...]] | N
             return None
         now = sqlite_time(utcnow())
         rows: list[tuple[Any, ...]] = []
+        append, dumps, harness_time = rows.append, orjson.dumps, _HARNESS_TIME.fullmatch
         for item in items:
             if type(item) is not dict or not item.keys() <= _PLAIN_KEYS:
                 return None
@@ -96,8 +95,12 @@ def plain_training_rows(body: bytes, trial_id: int) -> list[tuple[Any, ...]] | N
                 or group == "validation"
             ):
                 return None
-            report_time = _plain_time(item.get("reportTime"), now)
-            rows.append((trial_id, run, group, steps, to_json(metrics).decode(), report_time))
+            when = item.get("reportTime")
+            if type(when) is str and harness_time(when) and _valid_minute(when[:16]):
+                when = f"{when[:10]} {when[11:26]}"  # the harness's own form: UTC, only the layout changes
+            else:
+                when = _plain_time(when, now)
+            append((trial_id, run, group, steps, dumps(metrics).decode(), when))
         return rows
-    except Exception:  # not JSON, a missing key, a value to_json cannot encode: pydantic decides
+    except Exception:  # not JSON (for orjson), a missing key, a value it cannot encode: pydantic decides
         return None

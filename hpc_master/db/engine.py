@@ -18,6 +18,11 @@ SQLITE_WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    configure_sqlite_connection(dbapi_connection)
+
+
+def configure_sqlite_connection(dbapi_connection: Any) -> None:
+    """The master's settings for a sqlite3 connection (also the metrics ingest worker's own)."""
     # Let SQLAlchemy's BEGIN govern transactions rather than pysqlite's implicit ones.
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
