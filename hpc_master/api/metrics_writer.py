@@ -100,7 +100,11 @@ class MetricsWriter:
     def takes_body(self) -> bool:
         """Whether ``run(..., body=...)`` can hand the batch to the ingest worker (a SQLite file, and no
         worker failure in the last ``WORKER_RETRY_S``)."""
-        return self._worker_db is not None and time.monotonic() >= self._worker_retry_at
+        return (
+            self._worker_db is not None
+            and self._raw_engine is not None
+            and time.monotonic() >= self._worker_retry_at
+        )
 
     async def run(
         self, apply: Apply, rows: int, raw: RawApply | None = None, body: tuple[int, bytes] | None = None
@@ -203,22 +207,27 @@ class MetricsWriter:
         answers = self._worker_run([job.body for job in sent if job.body is not None])
         if answers is None:
             return group
-        stored = 0
-        for job, (status, accepted, duplicates) in zip(sent, answers, strict=True):
-            if status == OK:
-                _resolve(job, (accepted, duplicates))
-                stored += accepted + duplicates
-            else:
-                rest.append(job)
-        if stored:
+        done = [(job, a) for job, a in zip(sent, answers, strict=True) if a[0] == OK]
+        rest += [job for job, a in zip(sent, answers, strict=True) if a[0] != OK]
+        if done:  # counted before the answers go out, so a caller that got one sees it counted
             self.groups += 1
             self.worker_groups += 1
-            self.rows += stored
+            self.rows += sum(accepted + duplicates for _, (_, accepted, duplicates) in done)
+        for job, (_, accepted, duplicates) in done:
+            _resolve(job, (accepted, duplicates))
         return rest
 
     def _worker_run(self, bodies: list[tuple[int, bytes]]) -> list[tuple[int, int, int]] | None:
-        """The worker's answers, or None if it could not be started or failed (then retried later)."""
-        assert self._worker_db is not None
+        """The worker's answers, or None if it could not be started or failed (then retried later).
+
+        Meanwhile the writer holds the master's own connection (the pool has one), as it does for its own
+        groups: the master's other transactions wait for it in the pool, not in SQLite's busy handler
+        against the child (sleeps of up to 100 ms, then "database is locked" after the busy timeout)."""
+        assert self._worker_db is not None and self._raw_engine is not None
+        try:
+            pooled = self._raw_engine.raw_connection() if bodies else None
+        except Exception:  # the pool timed out: the ordinary path answers each batch with its error
+            return None
         try:
             if self._worker is None:
                 self._worker = IngestWorker(self._worker_db)
@@ -234,6 +243,9 @@ class MetricsWriter:
                 self._worker = None
             self._worker_retry_at = time.monotonic() + WORKER_RETRY_S
             return None
+        finally:
+            if pooled is not None:
+                pooled.close()  # back to the pool
 
     def _commit_raw(self, engine: Engine, group: list[_Job]) -> list[Any] | None:
         """The group on the pool's SQLite connection; None (rolled back) if anything failed."""

@@ -4,20 +4,25 @@ dies the master stores every batch itself, loses none, and starts a new worker l
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from hpc_master.api.app import create_app
 from hpc_master.api.deps import AppState
 from hpc_master.api.ingest_worker import FAILED, NOT_PLAIN, OK, IngestWorker
+from hpc_master.api.metrics_writer import MetricsWriter
 from hpc_master.db.engine import make_engine, make_sessionmaker, transaction
 from hpc_master.db.migrate import upgrade_to_head
 from hpc_master.db.models import MetricModel, TrialModel
@@ -137,3 +142,54 @@ def test_when_the_worker_dies_the_master_stores_every_batch_itself_then_starts_a
     assert post(range(41, 51)) == {"accepted": 10, "duplicates": 0}
     assert state.writer.worker_groups == 2 and state.writer._worker is not worker
     assert _count(sessions, trial_id) == 50
+
+
+def test_the_masters_own_transactions_wait_for_a_worker_group_in_the_pool_not_in_sqlite(
+    sqlite_file: tuple[str, sessionmaker[Session]],
+) -> None:
+    """The master's other transactions never meet the child's write lock: the writer holds the master's one
+    pooled connection while the child stores a group. With SQLite's busy timeout at 0 on that connection, a
+    transaction that did meet it would fail at once with "database is locked"."""
+    path, sessions = sqlite_file
+    trial_id = seed_trial(sessions)
+    engine = sessions.kw["bind"]
+    pooled = engine.raw_connection()  # the pool's one connection, for the rest of the test
+    pooled.driver_connection.execute("PRAGMA busy_timeout=0")
+    pooled.close()
+    writer = MetricsWriter(sessions, worker_db=path)
+    stop = threading.Event()
+    done, errors = [0], []
+
+    def other_transactions() -> None:
+        while not stop.is_set():
+            try:
+                with transaction(sessions) as s:
+                    s.execute(update(TrialModel).where(TrialModel.id == trial_id).values(restarts=0))
+                done[0] += 1
+                time.sleep(0.002)  # a busy master, not a tight loop that would starve the writer of the pool
+            except OperationalError as e:
+                errors.append(e)
+                return
+
+    async def stream() -> list[Any]:
+        results = []
+        for i in range(20):
+            batches = [(trial_id, _body(1 + k, range(1 + 100 * i, 101 + 100 * i))) for k in range(4)]
+            results += await asyncio.gather(*(writer.run(_unused, 100, body=b) for b in batches))
+        return results
+
+    thread = threading.Thread(target=other_transactions)
+    thread.start()
+    try:
+        results = asyncio.run(stream())
+    finally:
+        stop.set()
+        thread.join()
+        writer.close()
+    assert errors == [] and done[0] > 0
+    assert writer.worker_groups > 0 and results == [(100, 0)] * 80
+    assert _count(sessions, trial_id) == 8_000
+
+
+def _unused(_session: Session) -> Any:
+    raise AssertionError("every batch here is plain: the worker stores it")
