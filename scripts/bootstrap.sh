@@ -45,5 +45,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   } >"$VENV/bootstrap.log" 2>&1 || { tail -40 "$VENV/bootstrap.log"; echo "bootstrap: pip failed" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi
+# Bytecode for the packages that jobs import, as `pip install` writes it for an installed copy: jobs run as the
+# users' own accounts, which cannot write __pycache__ here, and would otherwise compile every module in memory
+# at each start (a few MB more in each rank, which counts against the job's memory limit).
+"$VENV/bin/python" -m compileall -q harness launchers containers slurm_backend >/dev/null
 scripts/install_apptainer.sh  # Apptainer in a private prefix (Debian 12 has none); fast when already installed
 echo "bootstrap: ready ($("$VENV/bin/python" --version), $VENV)"

@@ -96,7 +96,9 @@ def _accounting_lines(spec: LocalClusterSpec) -> list[str]:
         "JobAcctGatherType=jobacct_gather/linux",
         "JobAcctGatherFrequency=5",
         # Jobs that use more memory than they asked for are killed and end OUT_OF_MEMORY, as with cgroups.
-        "JobAcctGatherParams=OverMemoryKill",
+        # UsePss: a shared library mapped by every rank of a job (libtorch: hundreds of MB) counts once, as a
+        # cgroup would count it, not once per process (RSS); 2 torch ranks + torchrun were at the 1 GiB limit.
+        "JobAcctGatherParams=UsePss,OverMemoryKill",
     ]
 
 
