@@ -116,8 +116,9 @@ class MetricsFastPath:
             return
         own = principal.trial_id == trial_id
         try:
-            if own and state.writer.takes_body:
+            if own and state.writer.takes_body and b'"validation"' not in body:
                 # The trial's own harness on a SQLite file: the ingest worker parses and stores the body.
+                # (Validations go through pydantic here, as before: the worker would hand them back.)
                 rows = body.count(b'"stepsCompleted"')  # an estimate, for the writer's group size
                 result = await state.writer.run(
                     _ingest_body(principal, trial_id, body), rows, body=(trial_id, body)
