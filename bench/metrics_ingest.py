@@ -162,9 +162,10 @@ def connect(port: int, timeout_s: float) -> http.client.HTTPConnection:
     return conn
 
 
+_METRICS = '{"avgMetrics":{"loss":%r,"accuracy":%r,"lr":0.001}}'
+"""A row's metrics (loss, accuracy) as ``metric_item`` has them, as JSON text."""
 _ITEM = (
-    '{"trialRunId":%d,"stepsCompleted":%d,"group":"training",'
-    '"metrics":{"avgMetrics":{"loss":%r,"accuracy":%r,"lr":0.001}},"reportTime":"%s"}'
+    '{"trialRunId":%d,"stepsCompleted":%d,"group":"training","metrics":' + _METRICS + ',"reportTime":"%s"}'
 )
 
 
@@ -295,7 +296,6 @@ def raw_rate(url: str, trial_id: int, batch: int, duration_s: float, run: int) -
         if is_pg
         else "VALUES (?, ?, ?, ?, ?, datetime('now')) ON CONFLICT DO NOTHING"
     )
-    metrics = '{"avgMetrics":{"loss":%r,"accuracy":%r,"lr":0.001}}'
     raw: Any = engine.raw_connection()
     dbapi = raw.driver_connection
     if not is_pg:
@@ -308,7 +308,7 @@ def raw_rate(url: str, trial_id: int, batch: int, duration_s: float, run: int) -
     deadline = start + duration_s
     while time.monotonic() < deadline:
         params = [
-            (trial_id, run, "training", s, metrics % (1.0 / (s + 1), s / (s + 1)))
+            (trial_id, run, "training", s, _METRICS % (1.0 / (s + 1), s / (s + 1)))
             for s in range(step, step + batch)
         ]
         if is_pg:
