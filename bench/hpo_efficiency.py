@@ -25,17 +25,22 @@ times are simulated.
 
 Seeds and spread. Seed ``s`` is one problem instance (curve family or Hartmann noise seed) that
 every method sees, with its own sampler seeded by ``s``, so methods are paired by seed. The
-time-to-target of a median over seeds of step functions is noisy: with the former 10 seeds the
-same searcher's speedup moved between 1.4× (seeds 0-9) and 2.9× (seeds 0-39). The default is
-therefore 40 seeds, and every speedup comes with an 80% bootstrap interval: seeds are resampled
-with replacement (the same resample for the target, random and every method), the target,
-random's time and the method's time recomputed, 1000 times. Random's own time is the noisiest
+time-to-target of a median over seeds of step functions is noisy: the target lies where the
+regret curves flatten, so a small vertical wobble is a large horizontal one. With 10 seeds the
+same searcher's speedup moved between 1.4× (seeds 0-9) and 2.9× (seeds 0-39); with 100 or 200
+``adaptive_asha aggressive, continue`` on rho=0.5 at W=16 measured 3.0× (seeds 0-39), 2.7×
+(0-99) and 3.6× (100-299), and Optuna's ``SuccessiveHalvingPruner``, the same stopping rule,
+4.0×, 3.9× and 3.8×. The default is therefore 200 seeds (~35 min on 2 cores; ``--first-seed``
+picks a disjoint set for a replication), and every speedup comes with an 80% bootstrap interval:
+seeds are resampled with replacement (the same resample for the target, random and every method),
+the target, random's time and the method's time recomputed, 1000 times. Random's own time is the noisiest
 part (0.86 of the budget on seeds 0-39 of rho=0.5 at W=16, 0.68 on seeds 40-79). A closing table
 compares, at the largest W, each of our ``adaptive_asha`` variants with each Optuna pruner: the
 paired difference of regret@100% (ours − Optuna's, negative = ours better) with a 90% bootstrap
 interval.
 
-Run: ``.venv/bin/python bench/hpo_efficiency.py [--quick] [--seeds N] [--workers 1,4,16]``.
+Run: ``.venv/bin/python bench/hpo_efficiency.py [--quick] [--seeds N] [--first-seed K] [--workers 1,4,16]
+[--methods "random;optuna SuccessiveHalvingPruner"]``.
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ START_OVERHEAD_S = 1.0
 RESUME_OVERHEAD_S = 2.0
 BIG = 100_000
 CHECKPOINTS = (0.25, 0.5, 1.0)
-SEEDS = 40
+SEEDS = 200
 GRID = 400  # time-to-target resolution: budget / GRID
 BOOTSTRAP_RESAMPLES = 1000
 
@@ -386,6 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="3 seeds, W=1 and 16, one problem (<30 s)")
     parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed … first-seed+seeds-1")
+    parser.add_argument(
+        "--methods", default=None, help="semicolon-separated subset of the methods (random is always run)"
+    )
     parser.add_argument("--workers", default=None, help="comma-separated worker counts (default 1,4,16)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
@@ -406,14 +415,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.quick:
         problems = problems[:1]
-
-    jobs = [Job(p, m, w, s) for p in problems for w in workers for m in METHODS for s in range(seeds)]
+    methods = list(METHODS)
+    if args.methods:
+        chosen = {m.strip() for m in args.methods.split(";")}
+        unknown = chosen - set(METHODS)
+        if unknown:
+            parser.error(f"unknown method(s) {sorted(unknown)}; choose from {list(METHODS)}")
+        methods = [m for m in METHODS if m == "random" or m in chosen]
+    first = args.first_seed
+    jobs = [
+        Job(p, m, w, s)
+        for p in problems
+        for w in workers
+        for m in methods
+        for s in range(first, first + seeds)
+    ]
     start = time.monotonic()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(run, jobs, chunksize=1))
     print(
         f"Budget: {BUDGET_FULL_RUNS} full-length trainings per worker ({budget_s():.0f} simulated s); "
-        f"max_length {MAX_LENGTH}, divisor {DIVISOR}, {seeds} seeds; host time {time.monotonic() - start:.0f} s\n"
+        f"max_length {MAX_LENGTH}, divisor {DIVISOR}, seeds {first}-{first + seeds - 1}; host time {time.monotonic() - start:.0f} s\n"
     )
     print(report(results))
     return 0
