@@ -25,19 +25,19 @@ times are simulated.
 
 Seeds and spread. Seed ``s`` is one problem instance (curve family or Hartmann noise seed) that
 every method sees, with its own sampler seeded by ``s``, so methods are paired by seed. The
-time-to-target of a median over seeds of step functions is noisy: the target lies where the
-regret curves flatten, so a small vertical wobble is a large horizontal one. With 10 seeds the
-same searcher's speedup moved between 1.4× (seeds 0-9) and 2.9× (seeds 0-39); with 100 or 200
-``adaptive_asha aggressive, continue`` on rho=0.5 at W=16 measured 3.0× (seeds 0-39), 2.7×
-(0-99) and 3.6× (100-299), and Optuna's ``SuccessiveHalvingPruner``, the same stopping rule,
-4.0×, 3.9× and 3.8×. The default is therefore 200 seeds (~35 min on 2 cores; ``--first-seed``
-picks a disjoint set for a replication), and every speedup comes with an 80% bootstrap interval:
-seeds are resampled with replacement (the same resample for the target, random and every method),
-the target, random's time and the method's time recomputed, 1000 times. Random's own time is the noisiest
-part (0.86 of the budget on seeds 0-39 of rho=0.5 at W=16, 0.68 on seeds 40-79). A closing table
-compares, at the largest W, each of our ``adaptive_asha`` variants with each Optuna pruner: the
-paired difference of regret@100% (ours − Optuna's, negative = ours better) with a 90% bootstrap
-interval.
+time-to-target of a median over seeds of step functions is noisy: the target lies where the regret
+curves flatten, so a small vertical wobble is a large horizontal one. With 10 seeds the same
+searcher's speedup moved between 1.4× (seeds 0-9) and 2.9× (seeds 0-39), and ``adaptive_asha
+aggressive, continue`` on rho=0.5 at W=16 measured 3.0× on seeds 0-39, 2.7× on 0-99, 3.6× on 0-199
+and on 100-299, and 3.8× on 200-399 (Optuna's ``SuccessiveHalvingPruner``, the same stopping rule:
+4.0×, 3.9×, 3.9×, 3.8×, 3.9×). The default is therefore 200 seeds (~35 min on 2 cores;
+``--first-seed`` picks a disjoint set for a replication), and every speedup comes with an 80%
+bootstrap interval: seeds are resampled with replacement (the same resample for the target, random
+and every method), the target, random's time and the method's time recomputed, 1000 times. Random's
+own time is the noisiest part (0.86 of the budget on seeds 0-39 of rho=0.5 at W=16, 0.68 on seeds
+40-79). A closing table compares, at the largest W, each of our ``adaptive_asha`` variants with each
+Optuna pruner: the paired difference of regret@100% (ours − Optuna's, negative = ours better) with a
+90% bootstrap interval.
 
 Run: ``.venv/bin/python bench/hpo_efficiency.py [--quick] [--seeds N] [--first-seed K] [--workers 1,4,16]
 [--methods "random;optuna SuccessiveHalvingPruner"]``.
