@@ -46,8 +46,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 # Bytecode for the packages that jobs import, as `pip install` writes it for an installed copy: jobs run as the
-# users' own accounts, which cannot write __pycache__ here, and would otherwise compile every module in memory
-# at each start (a few MB more in each rank, which counts against the job's memory limit).
+# users' own accounts, which cannot write __pycache__ here, and would otherwise compile these modules at each
+# start. Measured: importing the job entry took 8-10 ms instead of 13-18 ms and 11.3 MB instead of 12.6 MB; in
+# a rank that also imports torch the difference is lost in the noise (222.4-222.6 MB either way).
 "$VENV/bin/python" -m compileall -q harness launchers containers slurm_backend >/dev/null
 scripts/install_apptainer.sh  # Apptainer in a private prefix (Debian 12 has none); fast when already installed
 echo "bootstrap: ready ($("$VENV/bin/python" --version), $VENV)"
