@@ -8,6 +8,7 @@ admins) can redirect it with an environment variable:
   or ``~/.local/state/hpc-det``)
 - ``DET_JOB_STORAGE_ROOT``: per-trial working directories (default ``~/hpc-det/jobs``)
 - ``DET_CHECKPOINT_ROOT``: checkpoint storage (default ``~/hpc-det/checkpoints``)
+- ``XDG_CONFIG_HOME``: the CLI's token cache and a personal master's owner keys (default ``~/.config/hpc-det``)
 """
 
 from __future__ import annotations
@@ -63,3 +64,13 @@ def get_pid_file() -> Path:
 
 def get_log_file() -> Path:
     return get_state_dir() / "master.log"
+
+
+def get_config_dir() -> Path:
+    xdg = _env_path("XDG_CONFIG_HOME")
+    return (xdg if xdg is not None else get_home_dir() / ".config") / "hpc-det"
+
+
+def get_owner_key_file(port: int) -> Path:
+    """Where a personal master on loopback port `port` writes the key that proves its owner (mode 0600)."""
+    return get_config_dir() / f"owner-key-{port}"

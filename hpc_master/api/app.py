@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import logging
 import uuid
 from typing import Any
@@ -13,12 +14,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from hpc_master import owner_key
 from hpc_master.api import routes_auth, routes_experiments, routes_harness, routes_trials
-from hpc_master.api.deps import AppState
+from hpc_master.api.deps import AppState, get_principal
 from hpc_master.api.fast_ingest import MetricsFastPath
 from hpc_master.db.engine import make_engine, make_sessionmaker, transaction
 from hpc_master.db.migrate import upgrade_to_head
@@ -31,6 +33,8 @@ log = logging.getLogger("hpc_master")
 
 MAX_BODY_BYTES = 140 * 1024 * 1024
 """The 95 MB context limit, base64-encoded, plus room for the config."""
+ANONYMOUS_BODY_BYTES = 64 * 1024
+"""The largest body read before the bearer token is checked (a login's is a few hundred bytes)."""
 
 
 def master_version() -> str:
@@ -50,20 +54,109 @@ def _validation_field(loc: tuple[Any, ...]) -> str | None:
 
 
 class BodyLimit:
-    """Refuse bodies over MAX_BODY_BYTES before reading them (declared length) or while reading."""
+    """Bounds every request body while it is read, and reads no large body before authentication.
+
+    A body declared over ``MAX_BODY_BYTES`` is refused (413) before anything reads it. A body that is chunked
+    (no declared length) or declared over ``ANONYMOUS_BODY_BYTES`` needs a valid bearer token first, checked
+    as ``deps.get_principal`` does (401 otherwise, with nothing read: unauthenticated callers send only small
+    bodies). Then ``receive`` counts the bytes as they arrive and fails as soon as they pass the limit
+    (``MAX_BODY_BYTES``, or ``ANONYMOUS_BODY_BYTES`` for a small declared body), so nothing buffers the rest.
+    Whoever was reading (FastAPI's body parsing, a route, the metrics fast path) and whatever it made of the
+    failure, the answer is this middleware's 413; refusals close the connection, leaving the body unread.
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            for name, value in scope.get("headers", []):
-                if name == b"content-length" and value.isdigit() and int(value) > MAX_BODY_BYTES:
-                    err = PayloadTooLargeError(f"request body is larger than {MAX_BODY_BYTES // 2**20} MB")
-                    response = _error(err.http_status, err.code, err.message)
-                    await response(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length: int | None = None
+        chunked = False
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = int(value) if value.isdigit() else None
+            elif name == b"transfer-encoding":
+                chunked = True  # the length is known only once the body is read
+        limit = MAX_BODY_BYTES
+        if length is not None and length > limit:
+            await _refuse(send, _too_large(limit))
+            return
+        if chunked or (length is not None and length > ANONYMOUS_BODY_BYTES):
+            refusal = await _authenticate(scope)
+            if refusal is not None:
+                await _refuse(send, refusal)
+                return
+        else:
+            limit = ANONYMOUS_BODY_BYTES
+        counted = _CountedReceive(receive, limit)
+        started = False
+
+        async def send_unless_cut(message: Message) -> None:
+            nonlocal started
+            if counted.exceeded:
+                return  # the app's answer to a body cut short: the 413 below replaces it
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted, send_unless_cut)
+        except Exception:
+            if not counted.exceeded:
+                raise
+        if counted.exceeded and not started:
+            await _refuse(send, _too_large(limit))
+
+
+class _CountedReceive:
+    """``receive`` that raises ``PayloadTooLargeError`` once the body passes ``limit`` bytes."""
+
+    __slots__ = ("exceeded", "left", "limit", "receive")
+
+    def __init__(self, receive: Receive, limit: int) -> None:
+        self.receive = receive
+        self.limit = limit
+        self.left = limit
+        self.exceeded = False
+
+    async def __call__(self) -> Message:
+        if self.exceeded:
+            raise _too_large(self.limit)
+        message = await self.receive()
+        body = message.get("body")
+        if body:
+            self.left -= len(body)
+            if self.left < 0:
+                self.exceeded = True
+                raise _too_large(self.limit)
+        return message
+
+
+def _too_large(limit: int) -> PayloadTooLargeError:
+    size = f"{limit // 2**20} MB" if limit >= 2**20 else f"{limit // 1024} KiB"
+    return PayloadTooLargeError(f"request body is larger than {size}")
+
+
+async def _authenticate(scope: Scope) -> ClientError | None:
+    """Why the request's bearer token does not authenticate it (None: it does)."""
+    try:
+        await get_principal(Request(scope))
+    except ClientError as exc:
+        return exc
+    return None
+
+
+async def _refuse(send: Send, error: ClientError) -> None:
+    """Answer with the error before (or instead of) reading the body, and close the connection."""
+    payload = json.dumps(error.to_dict()).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+        (b"connection", b"close"),
+    ]
+    await send({"type": "http.response.start", "status": error.http_status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -94,6 +187,17 @@ def install_error_handlers(app: FastAPI) -> None:
     async def integrity(_request: Request, _exc: IntegrityError) -> JSONResponse:
         return _error(409, "conflict", "the request conflicts with stored data")
 
+    # A safety net: the API models bound every number (``bounds``), so a value the database cannot hold
+    # (SQLite's OverflowError beyond 64 bits, PostgreSQL's DataError: out of range, too long, a NUL byte)
+    # should not reach it; if one does, it is still the request's fault.
+    @app.exception_handler(OverflowError)
+    async def overflow(_request: Request, _exc: OverflowError) -> JSONResponse:
+        return _error(400, "invalid_argument", "a number in the request is out of range")
+
+    @app.exception_handler(DataError)
+    async def data_error(_request: Request, _exc: DataError) -> JSONResponse:
+        return _error(400, "invalid_argument", "a value in the request does not fit the database")
+
 
 def build_state(config: MasterConfig, engine: Engine | None = None) -> AppState:
     engine = engine or make_engine(config.db_url())
@@ -107,6 +211,8 @@ def build_state(config: MasterConfig, engine: Engine | None = None) -> AppState:
         )
     url = engine.url.render_as_string(hide_password=True)
     cluster_id = str(uuid.UUID(hashlib.sha256(url.encode()).hexdigest()[:32]))
+    # A master without passwords (loopback) admits blank-password logins only with its owner's key.
+    key_digest = None if config.passwords_required() else owner_key.create(config.listen.port)
     return AppState(
         config=config,
         engine=engine,
@@ -114,6 +220,7 @@ def build_state(config: MasterConfig, engine: Engine | None = None) -> AppState:
         tokens=TokenCache(),
         master_id=str(uuid.uuid4()),
         cluster_id=cluster_id,
+        owner_key_digest=key_digest,
     )
 
 

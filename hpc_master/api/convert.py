@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import yaml
+
 from hpc_master.db.models import (
     CheckpointModel,
     ExperimentModel,
@@ -13,6 +15,7 @@ from hpc_master.db.models import (
     TrialRunModel,
     UserModel,
 )
+from hpc_master.services import redact
 
 
 def iso(value: dt.datetime | None) -> str | None:
@@ -44,7 +47,10 @@ def experiment_to_api(
     trial_ids: list[int] | None = None,
     *,
     with_config: bool = True,
+    reveal: bool = True,
 ) -> dict[str, Any]:
+    """`reveal`: the caller owns the experiment or is an admin; others see the config with secret-looking
+    values masked (``services.redact``), and the original text as the masked config's YAML."""
     searcher = experiment.config.get("searcher") or {}
     out: dict[str, Any] = {
         "id": experiment.id,
@@ -72,9 +78,12 @@ def experiment_to_api(
     if trial_ids is not None:
         out["trialIds"] = trial_ids
         out["numTrials"] = len(trial_ids)
-    if with_config:
+    if with_config and reveal:
         out["config"] = experiment.config
         out["originalConfig"] = experiment.config_text
+    elif with_config:
+        out["config"] = redact.masked_config(experiment.config)
+        out["originalConfig"] = yaml.safe_dump(out["config"], sort_keys=False)
     return out
 
 

@@ -21,6 +21,7 @@ from hpc_master.errors import PermissionDeniedError, UnauthenticatedError
 from hpc_master.masterconf import MasterConfig
 from hpc_master.services import users
 from hpc_master.services.common import get_or_404
+from hpc_master.services.throttle import LoginThrottle
 from hpc_master.services.users import Principal, TokenCache
 
 
@@ -32,6 +33,9 @@ class AppState:
     tokens: TokenCache
     master_id: str
     cluster_id: str
+    owner_key_digest: str | None = None
+    """A personal master's owner key (SHA-256; see ``hpc_master.owner_key``); None where passwords are required."""
+    throttle: LoginThrottle = field(default_factory=LoginThrottle)
     writer: MetricsWriter = field(init=False)
     checkpointer: WalCheckpointer | None = field(init=False)
     fast_ingests: int = 0

@@ -7,10 +7,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from hpc_master import owner_key
 from hpc_master.api import convert
+from hpc_master.api.bounds import Id
 from hpc_master.api.deps import State, UserPrincipal, bearer_token
 from hpc_master.api.schemas import LoginRequest, PatchUserRequest, PostUserRequest
+from hpc_master.auth import hash_token
 from hpc_master.db.models import UserModel
+from hpc_master.errors import UnauthenticatedError
 from hpc_master.services import users
 from hpc_master.services.common import get_or_404
 
@@ -33,17 +37,27 @@ def master_info(state: State) -> dict[str, Any]:
 
 
 @router.post("/auth/login")
-def login(body: LoginRequest, state: State) -> dict[str, Any]:
+def login(body: LoginRequest, request: Request, state: State) -> dict[str, Any]:
+    """Repeated failures are slowed per (user, address) and per address (``services.throttle``)."""
     ttl = dt.timedelta(hours=state.config.security.token_ttl_hours)
-    with state.tx() as session:
-        token, user = users.login(
-            session,
-            body.username,
-            body.password,
-            ttl=ttl,
-            require_passwords=state.config.passwords_required(),
-        )
-        return {"token": token, "user": convert.user_to_api(user)}
+    address = request.client.host if request.client else "unknown"
+    state.throttle.check(body.username, address)
+    try:
+        with state.tx() as session:
+            token, user = users.login(
+                session,
+                body.username,
+                body.password,
+                ttl=ttl,
+                require_passwords=state.config.passwords_required(),
+                is_owner=owner_key.matches(body.owner_key, state.owner_key_digest),
+            )
+            answer = {"token": token, "user": convert.user_to_api(user)}
+    except UnauthenticatedError:
+        state.throttle.failed(body.username, address)
+        raise
+    state.throttle.succeeded(body.username, address)
+    return answer
 
 
 @router.post("/auth/logout")
@@ -85,7 +99,7 @@ def create_user(body: PostUserRequest, principal: UserPrincipal, state: State) -
 
 @router.patch("/users/{user_id}")
 def patch_user(
-    user_id: int, body: PatchUserRequest, principal: UserPrincipal, state: State
+    user_id: Id, body: PatchUserRequest, request: Request, principal: UserPrincipal, state: State
 ) -> dict[str, Any]:
     unix = body.unix_username or (body.agent_user_group or {}).get("agentUser")
     with state.tx() as session:
@@ -100,5 +114,6 @@ def patch_user(
             display_name=body.display_name,
             require_passwords=state.config.passwords_required(),
             cache=state.tokens,
+            keep_token_hash=hash_token(bearer_token(request)),
         )
         return {"user": convert.user_to_api(user)}

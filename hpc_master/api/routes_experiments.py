@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from hpc_master.api import convert
+from hpc_master.api.bounds import Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.schemas import CreateExperimentRequest
 from hpc_master.db.models import ExperimentModel, TrialModel
@@ -65,10 +66,10 @@ def list_experiments(
     principal: UserPrincipal,
     archived: bool | None = None,
     users: Annotated[list[str] | None, Query()] = None,
-    user_ids: Annotated[list[int] | None, Query(alias="userIds")] = None,
+    user_ids: Annotated[list[Id] | None, Query(alias="userIds")] = None,
     states: Annotated[list[str] | None, Query()] = None,
-    offset: int = 0,
-    limit: int = 100,
+    offset: Offset = 0,
+    limit: Limit = 100,
     order_by: Annotated[str | None, Query(alias="orderBy")] = None,
 ) -> dict[str, Any]:
     with state.tx() as session:
@@ -90,11 +91,14 @@ def list_experiments(
 
 
 @router.get("/experiments/{experiment_id}")
-def get_experiment(experiment_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+def get_experiment(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         experiment, username = exps.get_experiment(session, experiment_id)
+        reveal = principal.admin or experiment.owner_id == principal.user_id
         return {
-            "experiment": convert.experiment_to_api(experiment, username, _trial_ids(session, experiment_id)),
+            "experiment": convert.experiment_to_api(
+                experiment, username, _trial_ids(session, experiment_id), reveal=reveal
+            ),
             "jobSummary": None,
             "trialCounts": exps.trial_counts(session, experiment_id),
         }
@@ -113,45 +117,46 @@ def _action(
 
 
 @router.post("/experiments/{experiment_id}/pause")
-def pause(experiment_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+def pause(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     return _action(state, principal, exps.pause_experiment, experiment_id)
 
 
 @router.post("/experiments/{experiment_id}/activate")
-def activate(experiment_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+def activate(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     return _action(state, principal, exps.activate_experiment, experiment_id)
 
 
 @router.post("/experiments/{experiment_id}/cancel")
-def cancel(experiment_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+def cancel(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     return _action(state, principal, exps.cancel_experiment, experiment_id)
 
 
 @router.post("/experiments/{experiment_id}/kill")
-def kill(experiment_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+def kill(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     return _action(state, principal, exps.kill_experiment, experiment_id)
 
 
 @router.post("/experiments/{experiment_id}/archive")
-def archive(experiment_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+def archive(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         exps.set_archived(session, principal, experiment_id, True)
     return {}
 
 
 @router.post("/experiments/{experiment_id}/unarchive")
-def unarchive(experiment_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+def unarchive(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         exps.set_archived(session, principal, experiment_id, False)
     return {}
 
 
 @router.delete("/experiments/{experiment_id}")
-def delete_experiment(experiment_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+def delete_experiment(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         uuids = exps.begin_delete(session, principal, experiment_id)
+        dirs = ckpts.checkpoint_dirs(session, uuids, state.config.checkpoint_dir())
     try:
-        exps.remove_checkpoint_dirs(state.config.checkpoint_dir(), uuids)
+        ckpts.remove_checkpoint_dirs(dirs)
     except OSError:
         with state.tx() as session:
             experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
@@ -164,7 +169,7 @@ def delete_experiment(experiment_id: int, state: State, principal: UserPrincipal
 
 @router.get("/experiments/{experiment_id}/trials")
 def experiment_trials(
-    experiment_id: int, state: State, principal: UserPrincipal, offset: int = 0, limit: int = 0
+    experiment_id: Id, state: State, principal: UserPrincipal, offset: Offset = 0, limit: Limit = 0
 ) -> dict[str, Any]:
     with state.tx() as session:
         get_or_404(session, ExperimentModel, experiment_id, "experiment")
@@ -177,14 +182,14 @@ def experiment_trials(
 
 @router.get("/experiments/{experiment_id}/checkpoints")
 def experiment_checkpoints(
-    experiment_id: int,
+    experiment_id: Id,
     state: State,
     principal: UserPrincipal,
     sort_by_metric: Annotated[str | None, Query(alias="sortByMetric")] = None,
     sort_by: Annotated[str | None, Query(alias="sortBy")] = None,
     order_by: Annotated[str | None, Query(alias="orderBy")] = None,
-    offset: int = 0,
-    limit: int = 0,
+    offset: Offset = 0,
+    limit: Limit = 0,
     states: Annotated[list[str] | None, Query()] = None,
 ) -> dict[str, Any]:
     with state.tx() as session:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from hpc_master.api import convert
+from hpc_master.api.bounds import AllocationId, Id, TimeoutSeconds
 from hpc_master.api.deps import AnyPrincipal, State, check_trial_access
 from hpc_master.api.fast_ingest import ingest_batch, reports_of
 from hpc_master.api.schemas import (
@@ -26,7 +27,6 @@ from hpc_master.errors import PermissionDeniedError
 from hpc_master.services import checkpoints as ckpts
 from hpc_master.services import harness, notify
 from hpc_master.services.common import get_or_404
-from hpc_master.services.experiments import remove_checkpoint_dirs
 from hpc_master.services.metrics import ingest_metrics
 from hpc_master.services.users import Principal
 
@@ -51,7 +51,7 @@ _BATCH_SCHEMA.pop("$defs", None)
     },
 )
 async def report_metrics_batch(
-    trial_id: int, request: Request, principal: AnyPrincipal, state: State
+    trial_id: Id, request: Request, principal: AnyPrincipal, state: State
 ) -> dict[str, Any]:
     """Idempotent on (trial, trialRunId, group, stepsCompleted): a retried batch adds nothing.
 
@@ -70,7 +70,7 @@ async def report_metrics_batch(
 
 @router.post("/trials/{trial_id}/metrics")
 def report_metrics(
-    trial_id: int, body: ReportMetricsRequest, principal: AnyPrincipal, state: State
+    trial_id: Id, body: ReportMetricsRequest, principal: AnyPrincipal, state: State
 ) -> dict[str, Any]:
     with state.tx() as session:
         check_trial_access(session, principal, trial_id, write=True)
@@ -134,13 +134,14 @@ def delete_checkpoints(
             experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
             _checkpoint_access(principal, ckpt, trial, experiment.owner_id, write=True)
         removed = ckpts.mark_deleted(session, body.checkpoint_uuids)
-    remove_checkpoint_dirs(state.config.checkpoint_dir(), removed)
+        dirs = ckpts.checkpoint_dirs(session, removed, state.config.checkpoint_dir())
+    ckpts.remove_checkpoint_dirs(dirs)
     return {}
 
 
 @router.post("/trials/{trial_id}/progress")
 def report_progress(
-    trial_id: int, body: ProgressRequest, principal: AnyPrincipal, state: State
+    trial_id: Id, body: ProgressRequest, principal: AnyPrincipal, state: State
 ) -> dict[str, Any]:
     with state.tx() as session:
         check_trial_access(session, principal, trial_id, write=True)
@@ -150,7 +151,7 @@ def report_progress(
 
 @router.post("/trials/{trial_id}/runner/metadata")
 def runner_metadata(
-    trial_id: int, body: RunnerMetadataRequest, principal: AnyPrincipal, state: State
+    trial_id: Id, body: RunnerMetadataRequest, principal: AnyPrincipal, state: State
 ) -> dict[str, Any]:
     with state.tx() as session:
         check_trial_access(session, principal, trial_id, write=True)
@@ -159,9 +160,7 @@ def runner_metadata(
 
 
 @router.post("/trials/{trial_id}/early_exit")
-def early_exit(
-    trial_id: int, body: EarlyExitRequest, principal: AnyPrincipal, state: State
-) -> dict[str, Any]:
+def early_exit(trial_id: Id, body: EarlyExitRequest, principal: AnyPrincipal, state: State) -> dict[str, Any]:
     with state.tx() as session:
         check_trial_access(session, principal, trial_id, write=True)
         harness.report_early_exit(session, trial_id, body.early_exit.reason)
@@ -170,11 +169,11 @@ def early_exit(
 
 @router.get("/allocations/{allocation_id}/signals/preemption")
 async def preemption_signal(
-    allocation_id: str,
+    allocation_id: AllocationId,
     principal: AnyPrincipal,
     state: State,
     request: Request,
-    timeoutSeconds: int = 0,
+    timeoutSeconds: TimeoutSeconds = 0,
 ) -> dict[str, Any]:
     """Long poll: answers as soon as preemption is requested, or after ``timeoutSeconds`` (≤ 60).
 
@@ -185,7 +184,9 @@ async def preemption_signal(
     def check() -> bool:
         with state.tx() as session:
             check_trial_access(session, principal, trial_id, write=False)
-            return harness.preemption_state(session, trial_id, run_number)
+            # Only the trial's own harness is told to stop; anyone else's look changes nothing.
+            own = principal.trial_id == trial_id
+            return harness.preemption_state(session, trial_id, run_number, deliver=own)
 
     deadline = time.monotonic() + max(0, min(timeoutSeconds, MAX_LONG_POLL_S))
     while True:
@@ -201,8 +202,12 @@ async def preemption_signal(
 
 
 @router.post("/allocations/{allocation_id}/signals/ack_preemption")
-def ack_preemption(allocation_id: str, principal: AnyPrincipal, state: State) -> dict[str, Any]:
+def ack_preemption(allocation_id: AllocationId, principal: AnyPrincipal, state: State) -> dict[str, Any]:
     trial_id, run_number = harness.parse_allocation_id(allocation_id)
+    if principal.trial_id != trial_id:
+        raise PermissionDeniedError(
+            f"only the harness of trial {trial_id} (its own token) acknowledges its stop"
+        )
     with state.tx() as session:
         check_trial_access(session, principal, trial_id, write=True)
         harness.ack_preemption(session, trial_id, run_number)
@@ -211,10 +216,10 @@ def ack_preemption(allocation_id: str, principal: AnyPrincipal, state: State) ->
 
 @router.get("/trials/{trial_id}/searcher/operation")
 async def searcher_operation(
-    trial_id: int,
+    trial_id: Id,
     principal: AnyPrincipal,
     state: State,
-    timeoutSeconds: int = OP_LONG_POLL_S,
+    timeoutSeconds: TimeoutSeconds = OP_LONG_POLL_S,
 ) -> dict[str, Any]:
     """The trial's next operation (Determined ≤ 0.37).
 
@@ -227,7 +232,7 @@ async def searcher_operation(
     def read() -> tuple[int | None, harness.OpState]:
         with state.tx() as session:
             check_trial_access(session, principal, trial_id, write=False)
-            return harness.searcher_operation(session, trial_id)
+            return harness.searcher_operation(session, trial_id, deliver=principal.trial_id == trial_id)
 
     deadline = time.monotonic() + max(0, min(timeoutSeconds, MAX_LONG_POLL_S))
     while True:
@@ -252,7 +257,7 @@ def _op_answer(length: int | None, op_state: harness.OpState) -> dict[str, Any]:
 
 @router.post("/trials/{trial_id}/searcher/completed_operation")
 def completed_operation(
-    trial_id: int, body: CompletedOperationRequest, principal: AnyPrincipal, state: State
+    trial_id: Id, body: CompletedOperationRequest, principal: AnyPrincipal, state: State
 ) -> dict[str, Any]:
     """Records the completion. When the answer to the next ``GET .../searcher/operation`` is already known
     (the trial reached ``max_length``, or is being stopped), it comes back as ``next``, in the same shape, so
@@ -262,14 +267,16 @@ def completed_operation(
         harness.complete_searcher_operation(
             session, trial_id, body.op.validate_after.length, body.searcher_metric
         )
-        length, op_state = harness.searcher_operation(session, trial_id)
+        length, op_state = harness.searcher_operation(
+            session, trial_id, deliver=principal.trial_id == trial_id
+        )
     notify.changed()
     return {} if op_state is harness.OpState.WAITING else {"next": _op_answer(length, op_state)}
 
 
 @router.get("/experiments/{experiment_id}/searcher/best_searcher_validation_metric")
 def best_searcher_validation_metric(
-    experiment_id: int, principal: AnyPrincipal, state: State
+    experiment_id: Id, principal: AnyPrincipal, state: State
 ) -> dict[str, Any]:
     with state.tx() as session:
         if principal.trial_id is not None:

@@ -13,8 +13,9 @@ from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from hpc_master.api import convert
+from hpc_master.api.bounds import Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal
-from hpc_master.db.models import TrialModel, TrialRunModel
+from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel
 from hpc_master.services import experiments as exps
 from hpc_master.services import logs, notify
 from hpc_master.services import metrics as metric_svc
@@ -28,7 +29,7 @@ LOG_POLL_INTERVAL_S = 0.5
 
 
 @router.get("/trials/{trial_id}")
-def get_trial(trial_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+def get_trial(trial_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         trial = get_or_404(session, TrialModel, trial_id, "trial")
         runs = list(
@@ -42,7 +43,7 @@ def get_trial(trial_id: int, state: State, principal: UserPrincipal) -> dict[str
 
 
 @router.post("/trials/{trial_id}/kill")
-def kill_trial(trial_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+def kill_trial(trial_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         exps.kill_trial(session, principal, trial_id)
     notify.changed()
@@ -58,38 +59,42 @@ def _metrics(state: State, trial_id: int, group: str | None, offset: int, limit:
 
 @router.get("/trials/{trial_id}/metrics")
 def trial_metrics(
-    trial_id: int,
+    trial_id: Id,
     state: State,
     principal: UserPrincipal,
     group: str | None = None,
-    offset: int = 0,
-    limit: int = 0,
+    offset: Offset = 0,
+    limit: Limit = 0,
 ) -> dict[str, Any]:
     return _metrics(state, trial_id, group, offset, limit)
 
 
 @router.get("/trials/{trial_id}/metrics/training_metrics")
-def training_metrics(trial_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+def training_metrics(trial_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     return _metrics(state, trial_id, "training", 0, 0)
 
 
 @router.get("/trials/{trial_id}/metrics/validation_metrics")
-def validation_metrics(trial_id: int, state: State, principal: UserPrincipal) -> dict[str, Any]:
+def validation_metrics(trial_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     return _metrics(state, trial_id, "validation", 0, 0)
 
 
 @router.get("/trials/{trial_id}/logs")
 async def trial_logs(
-    trial_id: int, state: State, principal: UserPrincipal, follow: bool = False
+    trial_id: Id, state: State, principal: UserPrincipal, follow: bool = False
 ) -> StreamingResponse:
     """Newline-delimited JSON, one ``{"result": {...}}`` per line (Determined's streaming shape).
 
-    With ``follow=true`` the stream stays open, sending appended lines, until the trial is terminal.
+    With ``follow=true`` the stream stays open, sending appended lines, until the trial is terminal. Logs
+    are the owner's and admins' only (scripts print what they would not put in a metric).
     """
 
     def snapshot() -> tuple[list[logs.LogSource], bool]:
         with state.tx() as session:
             trial = get_or_404(session, TrialModel, trial_id, "trial")
+            exps.can_modify(
+                principal, get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
+            )
             done = trial.state in TERMINAL_TRIAL_STATES and live_run_of(session, trial_id) is None
             return logs.log_sources(session, trial_id), done
 

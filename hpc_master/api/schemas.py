@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+
+from hpc_master.api.bounds import INT64_MAX, Count32, Count64, Fraction, Id, Int32, Int64, OptionalId
+from hpc_master.services.checkpoints import check_checkpoint_uuid
 
 
 class ApiModel(BaseModel):
@@ -14,16 +17,18 @@ class ApiModel(BaseModel):
 
 
 class LoginRequest(ApiModel):
-    username: str
-    password: str = ""
+    username: str = Field(max_length=128)
+    password: str = Field(default="", max_length=1024)
+    owner_key: str | None = Field(default=None, max_length=256)
+    """A personal master's owner key (``hpc_master.owner_key``): required with a blank password."""
 
 
 class NewUser(ApiModel):
     username: str
     admin: bool = False
     active: bool = True
-    display_name: str | None = None
-    unix_username: str | None = None
+    display_name: str | None = Field(default=None, max_length=256)
+    unix_username: str | None = Field(default=None, max_length=128)
     agent_user_group: dict[str, Any] | None = None
 
 
@@ -36,32 +41,32 @@ class PatchUserRequest(ApiModel):
     password: str | None = None
     active: bool | None = None
     admin: bool | None = None
-    display_name: str | None = None
-    unix_username: str | None = None
+    display_name: str | None = Field(default=None, max_length=256)
+    unix_username: str | None = Field(default=None, max_length=128)
     agent_user_group: dict[str, Any] | None = None
 
 
 class ModelDefinitionFile(ApiModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
     path: str
-    type: int = 48
+    type: Int32 = 48
     content: str = ""
-    mode: int | None = None
-    mtime: int | None = None
+    mode: Int32 | None = None
+    mtime: Int64 | None = None
 
 
 class CreateExperimentRequest(ApiModel):
     config: str
     model_definition: list[ModelDefinitionFile] = Field(default_factory=list)
     activate: bool = True
-    parent_id: int | None = None
+    parent_id: OptionalId | None = None
     validate_only: bool = False
-    project_id: int | None = None
+    project_id: OptionalId | None = None
 
 
 class MetricItem(ApiModel):
-    trial_run_id: int = Field(ge=0)
-    steps_completed: int = Field(ge=0)
+    trial_run_id: Count32
+    steps_completed: Count64
     group: str = Field(default="training", min_length=1, max_length=64)
     metrics: dict[str, Any]
     report_time: dt.datetime | None = None
@@ -79,13 +84,24 @@ class ReportMetricsRequest(ApiModel):
     group: str | None = None
 
 
+CheckpointUuid = Annotated[str, AfterValidator(check_checkpoint_uuid)]
+
+
+def _steps_in_range(metadata: dict[str, Any]) -> dict[str, Any]:
+    """``metadata.steps_completed`` is stored in a 64-bit column."""
+    steps = metadata.get("steps_completed")
+    if isinstance(steps, int) and not isinstance(steps, bool) and not 0 <= steps <= INT64_MAX:
+        raise ValueError(f"steps_completed must be between 0 and {INT64_MAX}")
+    return metadata
+
+
 class CheckpointBody(ApiModel):
-    uuid: str = Field(min_length=1, max_length=64)
-    trial_id: int
-    trial_run_id: int = 0
+    uuid: CheckpointUuid
+    trial_id: Id
+    trial_run_id: Count32 = 0
     report_time: dt.datetime | None = None
     resources: dict[str, Any] = Field(default_factory=dict)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: Annotated[dict[str, Any], AfterValidator(_steps_in_range)] = Field(default_factory=dict)
     state: str = "COMPLETED"
 
 
@@ -94,7 +110,7 @@ class ReportCheckpointRequest(ApiModel):
 
 
 class ProgressRequest(ApiModel):
-    progress: float
+    progress: Fraction
 
 
 class RunnerMetadata(ApiModel):
@@ -114,7 +130,7 @@ class EarlyExitRequest(ApiModel):
 
 
 class ValidateAfter(ApiModel):
-    length: int
+    length: Count64
 
 
 class SearcherOp(ApiModel):
@@ -124,7 +140,8 @@ class SearcherOp(ApiModel):
 class CompletedOperationRequest(ApiModel):
     op: SearcherOp
     searcher_metric: float | None = None
+    """NaN and infinities are taken (a diverged run's loss): the searcher ranks NaN last."""
 
 
 class DeleteCheckpointsRequest(ApiModel):
-    checkpoint_uuids: list[str]
+    checkpoint_uuids: list[CheckpointUuid] = Field(max_length=10_000)

@@ -2,7 +2,9 @@
 
 Tokens live in ``$XDG_CONFIG_HOME/hpc-det/auth.json`` (default ``~/.config/hpc-det/auth.json``), created with
 mode 0600 by ``os.open`` and replaced atomically, never chmod'ed after the secret is written. With no cached
-token and no ``DET_USER``, the CLI logs in as ``determined`` with a blank password, as Determined does.
+token and no ``DET_USER``, the CLI logs in as ``determined`` with a blank password, as Determined does; a
+blank password goes with the key of a personal master on this host (``hpc_master.owner_key``) when this
+account has it, so only the master's owner gets in that way.
 ``DET_USER``/``DET_PASS`` log in non-interactively (for scripts).
 """
 
@@ -12,7 +14,6 @@ import contextlib
 import getpass
 import json
 import os
-import secrets
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +21,9 @@ from typing import Any
 
 import httpx
 
+from hpc_master import owner_key, paths
 from hpc_master.errors import ClientError, ConfigError, ServerError, UnauthenticatedError
+from hpc_master.masterconf import is_loopback
 
 DEFAULT_USER = "determined"
 CONNECT_TIMEOUT_S = 5.0
@@ -65,14 +68,8 @@ def normalize_master(address: str) -> str:
 # ---------------------------------------------------------------- the token cache
 
 
-def get_config_dir() -> Path:
-    xdg = os.environ.get("XDG_CONFIG_HOME")
-    base = Path(xdg).expanduser() if xdg else Path(os.environ.get("HOME") or Path.home()) / ".config"
-    return base / "hpc-det"
-
-
 def get_auth_file() -> Path:
-    return get_config_dir() / "auth.json"
+    return paths.get_config_dir() / "auth.json"
 
 
 def _read_auth() -> dict[str, Any]:
@@ -86,19 +83,7 @@ def _read_auth() -> dict[str, Any]:
 
 
 def _write_auth(data: dict[str, Any]) -> None:
-    path = get_auth_file()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    # A fresh file created 0600 (umask can only remove bits), then renamed over the old one.
-    tmp = path.with_name(f".auth-{os.getpid()}-{secrets.token_hex(4)}.json")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    owner_key.write_private_file(get_auth_file(), json.dumps(data, indent=2))
 
 
 def cached_token(master: str, user: str) -> str | None:
@@ -180,13 +165,25 @@ class Session:
     # -- auth
 
     def login(self, username: str, password: str, *, make_active: bool = True) -> str:
-        """Log in and cache the token; `make_active` makes this user the default for this master."""
-        body = self.call("POST", "/api/v1/auth/login", json={"username": username, "password": password},
-                         auth=False)  # fmt: skip
+        """Log in and cache the token; `make_active` makes this user the default for this master.
+
+        A blank password goes with the owner key of a personal master on this host, if this account has it
+        (never sent anywhere but loopback)."""
+        request: dict[str, Any] = {"username": username, "password": password}
+        key = self._owner_key() if password == "" else None
+        if key is not None:
+            request["ownerKey"] = key
+        body = self.call("POST", "/api/v1/auth/login", json=request, auth=False)
         token = str(body["token"])
         store_token(self.master, username, token, make_active=make_active)
         self._user, self._token = username, token
         return token
+
+    def _owner_key(self) -> str | None:
+        url = httpx.URL(self.master)
+        if not is_loopback(url.host) or url.port is None:
+            return None
+        return owner_key.read(url.port)
 
     def _auto_login(self) -> str:
         user = self.username

@@ -40,11 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p_up.add_argument("--force", action="store_true", help="move an existing /etc/slurm configuration aside")
     p_up.add_argument(
         "--create-user", action="append", default=[], metavar="NAME",
-        help="create a non-root account that can submit jobs (removed again by down); repeatable",
+        help="create a non-root account that can submit jobs (removed again by down, which keeps its home "
+        "if the researcher put files there); repeatable",
     )  # fmt: skip
     p_up.set_defaults(func=_up)
 
-    p_down = local_sub.add_parser("down", help="stop everything and return the machine to how it was")
+    p_down = local_sub.add_parser(
+        "down", help="stop everything and remove what up created (what others put there stays)"
+    )
     p_down.set_defaults(func=_down)
     p_status = local_sub.add_parser("status", help="show whether the local cluster is up, and its nodes")
     p_status.add_argument("--json", action="store_true", help="machine-readable output")
@@ -76,10 +79,13 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    if down():
-        print("Local Slurm cluster removed.")
-    else:
+    kept = down()
+    if kept is None:
         print("The local Slurm cluster is not up; nothing to do.")
+        return 0
+    print("Local Slurm cluster removed.")
+    for k in kept:
+        print(k)
     return 0
 
 

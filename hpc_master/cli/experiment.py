@@ -99,10 +99,12 @@ def apply_override(config: dict[str, Any], override: str) -> None:
         raise ConfigError(
             f"--config {override!r}: expected KEY=VALUE with a dotted KEY (searcher.max_trials=4)"
         )
+    from hpc_master.expconf import load_yaml
+
     try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        raise ConfigError(f"--config {override!r}: the value is not valid YAML", field=key) from None
+        value = load_yaml(raw)
+    except ConfigError as err:
+        raise ConfigError(f"--config {override!r}: the value is not valid YAML: {err}", field=key) from None
     parts = key.split(".")
     node: Any = config
     for i, part in enumerate(parts[:-1]):
@@ -119,18 +121,19 @@ def apply_override(config: dict[str, Any], override: str) -> None:
 
 def load_config(path: Path, overrides: list[str]) -> tuple[str, list[str]]:
     """Read, override and validate the config locally; returns the YAML text to send and the warnings."""
-    from hpc_master.expconf import parse_experiment_config
+    from hpc_master.expconf import YAMLConfigError, load_yaml, parse_experiment_config
 
     try:
         text = path.read_text()
     except OSError as err:
         raise ClientError(f"cannot read the config {str(path)!r}: {err.strerror}") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        raise ConfigError(f"{path}: not valid YAML{where}") from None
+        data = load_yaml(text)  # as the master reads it: duplicate keys, size and alias expansion checked
+    except YAMLConfigError as err:
+        where = f" (line {err.line}, column {err.column})" if err.line is not None else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {err.problem}") from None
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
     if data is None:
         data = {}
     if overrides:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,11 +45,24 @@ def _sqlite_on_begin(conn: Any) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def create_private_file(path: Path) -> None:
+    """Create the database file 0600 before SQLite does (it holds password hashes and configs): SQLite gives
+    its ``-wal`` and ``-shm`` files the main file's mode. A file this account already owns is narrowed too."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        for existing in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            with contextlib.suppress(OSError):
+                if existing.stat().st_uid == os.geteuid() and existing.stat().st_mode & 0o077:
+                    existing.chmod(0o600)
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     if url.startswith("sqlite"):
         db_path = url.split("///", 1)[1] if "///" in url else ""
-        if db_path and db_path != ":memory:":
-            Path(db_path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        if db_path and db_path != ":memory:" and not db_path.startswith("file:"):
+            create_private_file(Path(db_path).expanduser())
         # One connection: SQLite has one writer at a time anyway, and waiting in the pool (a condition
         # variable) is far cheaper than SQLite's busy handler, which sleeps in 1-100 ms steps under contention.
         kwargs.setdefault("pool_size", 1)

@@ -1,5 +1,6 @@
 """Experiment configuration: Determined's experiment config v0 plus a `slurm:` section.
 
+Every config text is read with `load_yaml` (duplicate keys refused, at most 1 MiB, alias expansion bounded).
 Two phases::
 
     cfg = parse_experiment_config(yaml_text)            # the config alone; raises ExperimentConfigError
@@ -10,6 +11,7 @@ Consumers that must not depend on pydantic (the searcher) use `cfg.searcher_dict
 """
 
 from hpc_master.expconf._errors import ExperimentConfigError
+from hpc_master.expconf._yaml import MAX_ALIAS_NODES, MAX_CONFIG_BYTES, YAMLConfigError, load_yaml
 from hpc_master.expconf.complete import complete_experiment_config, merge_defaults
 from hpc_master.expconf.environment import EnvironmentConfig, EnvironmentVariablesMap, ImageMap
 from hpc_master.expconf.experiment import (
@@ -43,6 +45,8 @@ from hpc_master.expconf.storage import DirectoryStorage, SharedFSStorage
 from hpc_master.expconf.units import UNITS, Length, Unit, convert_length, length_in
 
 __all__ = [
+    "MAX_ALIAS_NODES",
+    "MAX_CONFIG_BYTES",
     "SEARCHER_NAMES",
     "UNITS",
     "AdaptiveASHASearcher",
@@ -72,10 +76,12 @@ __all__ = [
     "SingleSearcher",
     "SlurmConfig",
     "Unit",
+    "YAMLConfigError",
     "complete_experiment_config",
     "convert_length",
     "hyperparameters_to_dict",
     "length_in",
+    "load_yaml",
     "memory_bytes",
     "merge_defaults",
     "parse_experiment_config",

@@ -146,6 +146,17 @@ class ExperimentConfig(StrictModel):
         if isinstance(v, str):
             if not v.strip():
                 raise ValueError("must not be empty")
+            # Split here, as the job will (`entrypoint_argv`): a quote left open must be refused at create,
+            # not found by every submission of every trial.
+            shown = repr(v if len(v) <= 80 else v[:77] + "...")
+            try:
+                argv = shlex.split(v)
+            except ValueError as exc:
+                raise ValueError(
+                    f"cannot be split into arguments like a shell would ({str(exc).lower()}): {shown}"
+                ) from None
+            if not argv or not argv[0]:
+                raise ValueError(f"names no command to run: {shown}")
             return v
         if not isinstance(v, list):
             raise ValueError(f"expected a string or a list of strings, got {describe(v)}")

@@ -25,7 +25,8 @@ import hpc_master
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel, UserModel
 from hpc_master.errors import ClientError, SlurmError
-from hpc_master.expconf import parse_experiment_config
+from hpc_master.expconf import ExperimentConfig, parse_experiment_config
+from hpc_master.lifecycle.configs import LEAN_EXPERIMENT, ConfigKey, DerivedConfigs, config_key
 from hpc_master.lifecycle.outcomes import RunContext, classify, describe
 from hpc_master.masterconf import MasterConfig
 from hpc_master.paths import get_checkpoint_root, get_job_storage_root
@@ -73,7 +74,9 @@ class _Submission:
     run_number: int
     trial_id: int
     experiment_id: int
-    config: dict[str, Any]
+    config_key: ConfigKey
+    config: dict[str, Any] | None
+    """The stored config, read only when `JobDriver.configs` does not hold the experiment's parsed one."""
     hparams: dict[str, Any]
     seed: int
     request_id: str
@@ -118,6 +121,8 @@ class JobDriver:
         self.job_storage_root = str(config.job_storage_root or get_job_storage_root())
         self.master_url = master_url_for_jobs(config)
         self.running_as_root = os.geteuid() == 0
+        self.configs: DerivedConfigs[ExperimentConfig] = DerivedConfigs(parse_experiment_config)
+        """Parsed configs by experiment: a grid of thousands of trials decodes its config once."""
 
     @contextmanager
     def _tx(self) -> Iterator[Session]:
@@ -126,13 +131,18 @@ class JobDriver:
 
     # ---- submit ---------------------------------------------------------------------------------------
     def submit_pending(self) -> int:
+        """Submit every trial that wants a job. One trial's failure never stops the others: `_submit` fails
+        that trial with the reason, and anything else (the database busy, say) is retried next tick."""
         with self._tx() as s:
             todo = [t.id for t in svc.list_trials_to_submit(s)]
         submitted = 0
         for trial_id in todo:
-            sub = self._allocate(trial_id)
-            if sub is not None and self._submit(sub):
-                submitted += 1
+            try:
+                sub = self._allocate(trial_id)
+                if sub is not None and self._submit(sub):
+                    submitted += 1
+            except Exception:
+                log.exception("submitting trial %s failed; retried next tick", trial_id)
         return submitted
 
     def _allocate(self, trial_id: int) -> _Submission | None:
@@ -141,17 +151,19 @@ class JobDriver:
                 trial = s.get(TrialModel, trial_id)
                 if trial is None or (trial.searcher_op_length is None and not trial.searcher_done):
                     return None  # the searcher has not said how far to train yet
-                exp = s.get(ExperimentModel, trial.experiment_id)
+                exp = s.get(ExperimentModel, trial.experiment_id, options=LEAN_EXPERIMENT)
                 owner = s.get(UserModel, exp.owner_id) if exp else None
                 if exp is None or owner is None:
                     return None
                 run = svc.allocate_trial_run(s, trial_id)
+                key = config_key(exp)
                 return _Submission(
                     run_id=run.id,
                     run_number=run.run_number,
                     trial_id=trial.id,
                     experiment_id=exp.id,
-                    config=dict(exp.config),
+                    config_key=key,
+                    config=None if self.configs.peek(key) is not None else dict(exp.config),
                     hparams=dict(trial.hparams),
                     seed=int(trial.seed),
                     request_id=trial.request_id,
@@ -186,10 +198,27 @@ class JobDriver:
             raise ClientError("jobs never run as root; give the user a non-root Unix account")
         return sub.owner_unix, pw.pw_uid, pw.pw_gid
 
+    def _config(self, sub: _Submission) -> ExperimentConfig:
+        config = self.configs.peek(sub.config_key)
+        if config is None:
+            if sub.config is None:  # evicted since `_allocate`: rare, read it again
+                with self._tx() as s:
+                    raw = s.scalar(
+                        select(ExperimentModel.config).where(ExperimentModel.id == sub.experiment_id)
+                    )
+            else:
+                raw = sub.config
+            self.configs.decodes += 1
+            config = self.configs.put(sub.config_key, parse_experiment_config(raw or {}))
+        return config
+
     def _submit(self, sub: _Submission) -> bool:
+        """Build, write and sbatch the run's job. Whatever goes wrong ends this run only: a refusal (ours
+        or Slurm's) or any unexpected error fails the trial with the reason, shown in its events and exit
+        message; Slurm not answering loses the run, which is resubmitted while restarts last."""
         try:
             as_user, uid, gid = self._job_user(sub)
-            config = parse_experiment_config(sub.config)
+            config = self._config(sub)
             trial_dir, _ = run_dirs(self.job_storage_root, sub.experiment_id, sub.trial_id, sub.run_number)
             context_path = os.path.join(os.path.dirname(trial_dir), CONTEXT_FILE)  # one per experiment
             plan = build_trial_job(
@@ -234,6 +263,15 @@ class JobDriver:
             log.warning("submitting trial %s failed: %s", sub.trial_id, e)
             with self._tx() as s:
                 svc.finish_trial_run(s, sub.run_id, TerminationReason.JOB_LOST, f"sbatch failed: {e}")
+            return False
+        except Exception as e:
+            # A bug, or a stored config this release cannot build a job from: retrying cannot help, and
+            # leaving the run allocated would leave the trial ACTIVE with no job. The trial fails, visibly.
+            log.exception("submitting trial %s failed", sub.trial_id)
+            with self._tx() as s:
+                svc.finish_trial_run(
+                    s, sub.run_id, TerminationReason.SUBMIT_FAILED, f"internal error: {type(e).__name__}: {e}"
+                )
             return False
         with self._tx() as s:
             svc.start_trial_run(s, sub.run_id, job_id, log_path=plan.output_path)

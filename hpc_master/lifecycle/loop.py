@@ -12,12 +12,14 @@ import logging
 import threading
 import time
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import ExperimentModel
 from hpc_master.lifecycle import searchers
+from hpc_master.lifecycle.configs import LEAN_EXPERIMENT
 from hpc_master.lifecycle.jobs import JobDriver, compile_job_code
 from hpc_master.services import lifecycle as svc
 from hpc_master.services import notify
@@ -43,6 +45,7 @@ class LifecycleLoop:
         self._thread: threading.Thread | None = None
         self.ticks = 0
         self._housekept_at: float | None = None
+        self.search_inputs = searchers.new_search_inputs_cache()
 
     # ---- one tick ------------------------------------------------------------------------------------
     def tick(self) -> None:
@@ -76,14 +79,22 @@ class LifecycleLoop:
             log.info("housekeeping: %d expired sessions and trial tokens deleted", purged)
 
     def drive_searchers(self) -> None:
+        """One short transaction per ACTIVE experiment. Experiment rows are read without their config, which
+        is decoded once per experiment into `search_inputs` (configs never change after create)."""
         with transaction(self.sessions) as s:
-            ids = [e.id for e in svc.list_active_experiments(s) if e.state == ExperimentState.ACTIVE]
+            ids = list(
+                s.scalars(
+                    select(ExperimentModel.id)
+                    .where(ExperimentModel.state == ExperimentState.ACTIVE)
+                    .order_by(ExperimentModel.id)
+                )
+            )
         for exp_id in ids:
             try:
                 with transaction(self.sessions) as s:
-                    exp = s.get(ExperimentModel, exp_id)
+                    exp = s.get(ExperimentModel, exp_id, options=LEAN_EXPERIMENT)
                     if exp is not None and exp.state == ExperimentState.ACTIVE:
-                        searchers.drive(s, exp)
+                        searchers.drive(s, exp, self.search_inputs)
             except (StaleDataError, InvalidTransitionError) as e:
                 log.info("experiment %s: searcher step retried next tick (%s)", exp_id, e)
             except Exception:

@@ -9,7 +9,7 @@ from the stored snapshot (RNG included). No Slurm call and no HTTP request happe
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel
 from hpc_master.expconf import parse_experiment_config
+from hpc_master.lifecycle.configs import DerivedConfigs
 from hpc_master.services import lifecycle as svc
 from hpc_master.services.states import (
     LIVE_RUN_STATES,
@@ -58,22 +59,52 @@ class _Hosted:
         }
 
 
-def _new_method(experiment: ExperimentModel) -> SearchMethod:
-    cfg = parse_experiment_config(experiment.config)
-    searcher_cfg = cfg.searcher_dict()
-    if searcher_cfg is None:
-        raise ValueError(f"experiment {experiment.id} has no searcher section")
+@dataclass(frozen=True)
+class SearchInputs:
+    """What a search method is made of: the parts of the config the searcher reads."""
+
+    searcher: dict[str, Any] | None
+    hyperparameters: dict[str, Any]
+    seed: int | None
+
+
+SEARCH_SECTIONS = ("searcher", "hyperparameters", "reproducibility")
+
+
+def search_inputs(config: Mapping[str, Any]) -> SearchInputs:
+    """Parse only the sections the search needs: a stored config that a later release validates more
+    strictly elsewhere (an entrypoint, say) still runs its search, and its trials fail with the reason."""
+    cfg = parse_experiment_config({k: config[k] for k in SEARCH_SECTIONS if k in config})
     seed = cfg.reproducibility.experiment_seed if cfg.reproducibility else None
-    return make_search_method(
-        searcher_cfg, cfg.hyperparameters_dict(), seed=seed if seed is not None else experiment.id
-    )
+    return SearchInputs(cfg.searcher_dict(), cfg.hyperparameters_dict(), seed)
 
 
-def load(experiment: ExperimentModel) -> tuple[_Hosted, list[Action]]:
-    """The experiment's search method, restored from its snapshot, or new with its initial actions."""
-    method = _new_method(experiment)
+def new_search_inputs_cache() -> DerivedConfigs[SearchInputs]:
+    return DerivedConfigs(search_inputs)
+
+
+def _new_method(experiment: ExperimentModel, inputs: DerivedConfigs[SearchInputs] | None) -> SearchMethod:
+    got = inputs.get(experiment) if inputs is not None else search_inputs(experiment.config)
+    if got.searcher is None:
+        raise ValueError(f"experiment {experiment.id} has no searcher section")
+    seed = got.seed if got.seed is not None else experiment.id
+    return make_search_method(got.searcher, got.hyperparameters, seed=seed)
+
+
+def _snapshot(experiment: ExperimentModel) -> dict[str, Any] | None:
     snap = experiment.searcher_snapshot
-    if snap and snap.get("format") == SNAPSHOT_FORMAT:
+    return snap if snap and snap.get("format") == SNAPSHOT_FORMAT else None
+
+
+def load(
+    experiment: ExperimentModel, inputs: DerivedConfigs[SearchInputs] | None = None
+) -> tuple[_Hosted, list[Action]]:
+    """The experiment's search method, restored from its snapshot, or new with its initial actions.
+
+    `inputs`: the loop's cache of parsed searcher sections (without it the config is decoded here)."""
+    method = _new_method(experiment, inputs)
+    snap = _snapshot(experiment)
+    if snap is not None:
         method.restore(snap["method"])
         return _Hosted(method, set(snap.get("closed", [])), bool(snap.get("shutDown"))), []
     return _Hosted(method), list(method.initial_actions())
@@ -91,32 +122,48 @@ def _exited_reason(trial: TrialModel) -> ExitedReason | None:
     return None
 
 
-def drive(session: Session, experiment: ExperimentModel) -> int:
+def drive(
+    session: Session, experiment: ExperimentModel, inputs: DerivedConfigs[SearchInputs] | None = None
+) -> int:
     """Feed the experiment's new events to its search method and apply the resulting actions.
 
     Returns the number of actions applied. The caller commits; on any exception it must roll back.
+
+    With no event for it (the usual tick) the search method is not even built: the snapshot holds its whole
+    state, so neither the config nor the method is needed to know that nothing changes. `inputs` is the
+    loop's cache of parsed searcher sections; pass the experiment loaded with `LEAN_EXPERIMENT` so that its
+    config is read only when the cache misses.
     """
-    hosted, actions = load(experiment)
-    if hosted.shut_down:
+    snap = _snapshot(experiment)
+    if snap is not None and snap.get("shutDown"):
         return 0
+    closed: set[int] = set(snap.get("closed", [])) if snap is not None else set()
 
     completions = svc.take_searcher_op_completions(session, experiment.id)
-    for c in completions:
-        if c.metric is not None:
-            actions += hosted.method.on_validation_completed(c.trial_id, c.metric, int(c.length))
-
-    trials = _load_trials(session, experiment.id, hosted.closed)
+    trials = _load_trials(session, experiment.id, closed)
     for trial in trials.values():
         # A trial the searcher stopped while it was paused (or whose paused job ended after the Stop) is done.
         if trial.searcher_done and trial.state == TrialState.PAUSED and trials.live_run(trial.id) is None:
             svc.set_trial_state(session, trial, TrialState.COMPLETED, "stopped by the searcher")
-    for trial in sorted(trials.values(), key=lambda t: t.id):
-        if trial.state in TERMINAL_TRIAL_STATES and trial.id not in hosted.closed:
-            reason = _exited_reason(trial)
-            if reason is not None:
-                actions += hosted.method.on_trial_exited_early(trial.id, reason)
-            actions += hosted.method.on_trial_closed(trial.id)
-            hosted.closed.add(trial.id)
+    exited = [
+        t
+        for t in sorted(trials.values(), key=lambda t: t.id)
+        if t.state in TERMINAL_TRIAL_STATES and t.id not in closed
+    ]
+    validated = [c for c in completions if c.metric is not None]
+    if snap is not None and not exited and not validated:
+        return 0
+
+    hosted, actions = load(experiment, inputs)
+    for c in validated:
+        assert c.metric is not None
+        actions += hosted.method.on_validation_completed(c.trial_id, c.metric, int(c.length))
+    for trial in exited:
+        reason = _exited_reason(trial)
+        if reason is not None:
+            actions += hosted.method.on_trial_exited_early(trial.id, reason)
+        actions += hosted.method.on_trial_closed(trial.id)
+        hosted.closed.add(trial.id)
 
     applied = _apply(session, experiment, hosted, actions, trials)
     progress = hosted.method.progress()

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import re
+import shutil
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import and_, select, update
@@ -15,7 +20,20 @@ from hpc_master.services.common import get_or_404
 from hpc_master.services.experiments import searcher_metric
 from hpc_master.services.metrics import metric_value
 
+log = logging.getLogger(__name__)
+
 CHECKPOINT_STATES = {"ACTIVE", "COMPLETED", "ERROR", "DELETED", "PARTIALLY_DELETED"}
+UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+"""A checkpoint's uuid is its directory's name under the storage root: only the canonical lowercase form
+(what ``str(uuid.uuid4())`` gives, and what the harness sends) is accepted, so no uuid can name a path."""
+
+
+def check_checkpoint_uuid(value: str) -> str:
+    """The uuid, if canonical; raises ValueError (a pydantic validator's error) otherwise."""
+    if not UUID_RE.fullmatch(value):
+        shown = value if len(value) <= 40 else value[:40] + "…"
+        raise ValueError(f"a checkpoint uuid must be a lowercase UUID like str(uuid.uuid4()), got {shown!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,53 @@ def mark_deleted(session: Session, uuids: list[str]) -> list[str]:
             row.state = "DELETED"
             changed.append(row.uuid)
     return changed
+
+
+def storage_root(experiment_config: Mapping[str, Any], default_root: Path) -> Path | None:
+    """Where an experiment's checkpoints live on this host, from its stored config (the master's root when it
+    names no storage); None for storage the master cannot see the same way (a container-side directory)."""
+    storage = experiment_config.get("checkpoint_storage")
+    if not isinstance(storage, Mapping):
+        return default_root
+    if storage.get("type") == "shared_fs" and isinstance(storage.get("host_path"), str):
+        sub = storage.get("storage_path")
+        return (
+            Path(storage["host_path"]) / sub if isinstance(sub, str) and sub else Path(storage["host_path"])
+        )
+    return None
+
+
+def checkpoint_dirs(session: Session, uuids: Iterable[str], default_root: Path) -> list[Path]:
+    """The directories of these checkpoints, each from the database's record (its experiment's storage and
+    its own uuid), never from a caller's string. Rows with a non-canonical uuid (none since uuids are
+    checked where they enter) or in storage the master cannot see have no directory here."""
+    rows = session.execute(
+        select(CheckpointModel.uuid, ExperimentModel.config)
+        .join(TrialModel, TrialModel.id == CheckpointModel.trial_id)
+        .join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
+        .where(CheckpointModel.uuid.in_(list(uuids)))
+    ).all()
+    dirs = []
+    for uuid, config in rows:
+        root = storage_root(config or {}, default_root)
+        if root is None or not UUID_RE.fullmatch(uuid):
+            log.warning("checkpoint %r: no directory on this host to remove", uuid)
+            continue
+        dirs.append(root / uuid)
+    return dirs
+
+
+def remove_checkpoint_dirs(dirs: Iterable[Path]) -> None:
+    """Remove checkpoint directories; never follows a link (a link in place of a checkpoint is removed
+    itself, and ``rmtree`` does not descend into links)."""
+    for target in dirs:
+        try:
+            if target.is_symlink():
+                target.unlink()
+            elif target.is_dir():
+                shutil.rmtree(target)
+        except OSError as err:
+            log.warning("could not remove checkpoint directory %s: %s", target, err)
 
 
 @dataclass(frozen=True)

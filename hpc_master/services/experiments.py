@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
@@ -21,6 +18,7 @@ from hpc_master.db.models import (
     UserModel,
 )
 from hpc_master.errors import ClientError, ConfigError, PermissionDeniedError
+from hpc_master.expconf import ExperimentConfigError, load_yaml
 from hpc_master.services import context as ctx
 from hpc_master.services.common import InvalidTransitionError, get_or_404, record_event
 from hpc_master.services.lifecycle import (
@@ -49,11 +47,10 @@ class ParsedConfig:
 def parse_config(text: str, defaults: Mapping[str, Any] | None = None) -> ParsedConfig:
     """Validate experiment config YAML with ``hpc_master.expconf`` when it is present, else minimally."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        raise ConfigError(f"the experiment config is not valid YAML{where}", field="config") from None
+        # The one loader of configs: duplicate keys refused, size and alias expansion bounded.
+        data = load_yaml(text)
+    except ExperimentConfigError as err:
+        raise ExperimentConfigError(err.message, field=err.field or "config") from None
     if not isinstance(data, dict):
         raise ConfigError("the experiment config must be a YAML mapping", field="config")
     try:
@@ -287,13 +284,6 @@ def begin_delete(session: Session, principal: Principal, experiment_id: int) -> 
             .where(TrialModel.experiment_id == experiment_id)
         )
     )
-
-
-def remove_checkpoint_dirs(root: Path, uuids: Sequence[str]) -> None:
-    for uuid in uuids:
-        target = (root / uuid).resolve()
-        if target.parent == root.resolve() and target.is_dir():
-            shutil.rmtree(target, ignore_errors=True)
 
 
 def finish_delete(session: Session, experiment_id: int) -> None:

@@ -67,9 +67,11 @@ def report_early_exit(session: Session, trial_id: int, reason: str) -> None:
     trial.early_exit_reason = reason
 
 
-def preemption_state(session: Session, trial_id: int, run_number: int) -> bool:
-    """Whether the job should checkpoint and exit; a ``True`` answer is recorded as delivered."""
-    return mark_stop_delivered(session, run_by_number(session, trial_id, run_number))
+def preemption_state(session: Session, trial_id: int, run_number: int, *, deliver: bool) -> bool:
+    """Whether the job should checkpoint and exit. With `deliver` (the caller is the trial's own harness) a
+    ``True`` answer is recorded as delivered; anyone else only reads."""
+    run = run_by_number(session, trial_id, run_number)
+    return mark_stop_delivered(session, run) if deliver else run.preempt_requested
 
 
 def ack_preemption(session: Session, trial_id: int, run_number: int) -> None:
@@ -84,7 +86,7 @@ class OpState(enum.Enum):
     NONE = "none"  # no operation was ever given
 
 
-def searcher_operation(session: Session, trial_id: int) -> tuple[int | None, OpState]:
+def searcher_operation(session: Session, trial_id: int, *, deliver: bool) -> tuple[int | None, OpState]:
     """The trial's current operation and what the harness should do with it.
 
     The harness asks for the next operation right after completing one, usually before the lifecycle
@@ -92,7 +94,8 @@ def searcher_operation(session: Session, trial_id: int) -> tuple[int | None, OpS
     (the script would train and validate the same length twice). Until the searcher gives a longer one or
     is done, the harness waits (ASHA may promote the trial once more results reach the rung) unless the
     run is asked to stop (the searcher, or the user, pauses it): then the script's operations end. A completed
-    operation of the searcher's ``max_length`` is the trial's last: the answer is "done" at once."""
+    operation of the searcher's ``max_length`` is the trial's last: the answer is "done" at once. Only with
+    `deliver` (the caller is the trial's own harness) is a stop recorded as told to the job."""
     trial = get_or_404(session, TrialModel, trial_id, "trial")
     length = trial.searcher_op_length
     if trial.searcher_done:
@@ -113,7 +116,10 @@ def searcher_operation(session: Session, trial_id: int) -> tuple[int | None, OpS
         # for the lifecycle loop to show the searcher this completion (it closes the trial then).
         return length, OpState.DONE
     run = live_run_of(session, trial_id)
-    stopping = run is not None and mark_stop_delivered(session, run)
+    if run is None:
+        stopping = False
+    else:
+        stopping = mark_stop_delivered(session, run) if deliver else run.preempt_requested
     return length, OpState.HELD if stopping else OpState.WAITING
 
 

@@ -7,7 +7,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from hpc_master import auth
@@ -99,16 +99,32 @@ def ensure_default_users(session: Session, *, require_passwords: bool, admin_pas
 
 
 def login(
-    session: Session, username: str, password: str, *, ttl: dt.timedelta, require_passwords: bool
+    session: Session,
+    username: str,
+    password: str,
+    *,
+    ttl: dt.timedelta,
+    require_passwords: bool,
+    is_owner: bool = False,
 ) -> tuple[str, UserModel]:
+    """A new session token. A blank password (a personal master's ``admin`` and ``determined``) is accepted
+    only from the master's owner (`is_owner`: the login carried the key from the owner's 0600 file), so
+    another account on the same login node cannot act, and run jobs, as the owner."""
     user = session.scalar(select(UserModel).where(UserModel.username == username))
     # Verify against a dummy hash for unknown users so timing does not reveal which usernames exist.
     stored = user.password_hash if user is not None else _DUMMY_HASH
     ok = auth.verify_password(password, stored)
     if user is None or not ok or not user.active:
         raise UnauthenticatedError("invalid credentials")
-    if require_passwords and user.password_hash == auth.BLANK_PASSWORD_HASH:
-        raise UnauthenticatedError("this master requires passwords; ask an admin to set yours")
+    if user.password_hash == auth.BLANK_PASSWORD_HASH:
+        if require_passwords:
+            raise UnauthenticatedError("this master requires passwords; ask an admin to set yours")
+        if not is_owner:
+            raise UnauthenticatedError(
+                "a blank password works only for this personal master's owner (the CLI sends the key the "
+                "master wrote to the owner's ~/.config/hpc-det); from another account, log in with a "
+                "password the owner set (det user change-password)"
+            )
     token = auth.new_token()
     session.add(SessionModel(token_hash=auth.hash_token(token), user_id=user.id, expires_at=utcnow() + ttl))
     return token, user
@@ -215,17 +231,23 @@ def patch_user(
     display_name: str | None = None,
     require_passwords: bool = False,
     cache: TokenCache | None = None,
+    keep_token_hash: str | None = None,
 ) -> UserModel:
+    """`keep_token_hash`: the caller's own session, which a password change leaves valid (every other
+    session of the user ends; the per-trial tokens of running jobs stay)."""
     principal.require_user()
     user = get_or_404(session, UserModel, user_id, "user")
     own = user.id == principal.user_id
     privileged = active is not None or admin is not None or unix_username is not None
     if not principal.admin and (not own or privileged):
         raise PermissionDeniedError("only an admin can change other users or user flags")
+    if user.admin and user.active and (admin is False or active is False):
+        _refuse_removing_last_admin(session, user)
     if password is not None:
         if require_passwords and not password:
             raise ClientError("this master requires a non-blank password", field="password")
         user.password_hash = auth.hash_password(password)
+        revoke_user_sessions(session, user.id, keep_token_hash=keep_token_hash)
     if active is not None:
         user.active = active
     if admin is not None:
@@ -237,3 +259,24 @@ def patch_user(
     if cache is not None:
         cache.clear()
     return user
+
+
+def _refuse_removing_last_admin(session: Session, user: UserModel) -> None:
+    others = session.scalar(
+        select(func.count())
+        .select_from(UserModel)
+        .where(UserModel.admin.is_(True), UserModel.active.is_(True), UserModel.id != user.id)
+    )
+    if not others:
+        raise ConflictError(
+            f"{user.username!r} is the last active admin: make another user an admin first", field="admin"
+        )
+
+
+def revoke_user_sessions(session: Session, user_id: int, *, keep_token_hash: str | None = None) -> int:
+    """End a user's login sessions (not the per-trial tokens of their running jobs), but `keep_token_hash`."""
+    stmt = delete(SessionModel).where(SessionModel.user_id == user_id, SessionModel.trial_id.is_(None))
+    if keep_token_hash is not None:
+        stmt = stmt.where(SessionModel.token_hash != keep_token_hash)
+    result = session.execute(stmt)
+    return int(getattr(result, "rowcount", 0) or 0)

@@ -2,7 +2,8 @@
 
 Each node is its own host: a network namespace on a bridge, its own hostname (UTS namespace), its own IP and an
 /etc/hosts entry, with one slurmd. Fake GPU character devices make Slurm hand out GPUs exactly as on a GPU node.
-Everything `up` changes is recorded in the state file so that `down` undoes exactly that.
+Everything `up` changes is recorded in the state file so that `down` undoes exactly that, and removes nothing
+that `up` did not create (`cleanup`, `accounts`): what it keeps, it names.
 """
 
 from __future__ import annotations
@@ -10,15 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pwd
 import shlex
-import shutil
 import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_backend.local import accounting, hosts, render, system
+from slurm_backend.local import accounting, accounts, cleanup, hosts, render, system
 from slurm_backend.local.spec import LocalClusterSpec, get_state_dir
 from slurm_backend.local.system import LocalClusterError
 
@@ -39,7 +38,16 @@ class Record:
     linked_confs: list[str] = field(default_factory=list)
     backed_up_confs: list[str] = field(default_factory=list)
     created_users: list[str] = field(default_factory=list)
+    # Directories `up` created besides the daemons' own (the state directory and its missing ancestors,
+    # /etc/slurm, the PMIx directory), parents first: `down` removes each only if it is empty by then.
+    # A state file from before this rule holds only the topmost of the state directory's.
     created_dirs: list[str] = field(default_factory=list)
+    # The daemons' own directories (`spec.daemon_dirs`) that `up` created: `down` removes them whole.
+    # None in a state file from before they were recorded: all of them.
+    own_dirs: list[str] | None = None
+    # Each home `up` created with an account → what `useradd` put in it (`cleanup.manifest`). None in a state
+    # file from before homes were recorded: then `down` compares a home with /etc/skel.
+    created_homes: dict[str, dict[str, str]] | None = None
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -90,11 +98,18 @@ def up(
         )
     system.install_packages(missing)
 
-    record = Record(spec=spec.to_json(), created_dirs=[str(_topmost_missing(spec.root))])
-    spec.root.mkdir(parents=True, exist_ok=True)
+    created = cleanup.make_dirs(spec.root)
+    homes: dict[str, dict[str, str]] = {}
+    record = Record(
+        spec=spec.to_json(),
+        created_dirs=[str(d) for d in created],
+        own_dirs=[str(d) for d in spec.daemon_dirs if not os.path.lexists(d)],
+        created_homes=homes,
+    )
     record.save(spec.state_file)  # from here on, `down` can clean up whatever follows
     try:
         _write_files(spec)
+        record.created_dirs += [str(d) for d in cleanup.make_dirs(Path(render.PMIX_CLI_TMP_DIR))]
         _link_site_config(spec, record, force)
         record.save(spec.state_file)
         _update_hosts(spec)
@@ -107,22 +122,18 @@ def up(
         for i, node in enumerate(spec.node_names):
             _start_slurmd(spec, node, i)
         for user in users:
-            if _ensure_user(user):
+            account = accounts.ensure(user)
+            if account is not None:
                 record.created_users.append(user)
-        record.save(spec.state_file)
+                if account.skeleton is not None:
+                    homes[account.home] = account.skeleton
+                record.save(spec.state_file)
         _wait_nodes_idle(spec, wait_s)
     except BaseException:
         log.error("bringing the cluster up failed; cleaning up")
-        down(quiet=True)
+        for kept in down(quiet=True) or []:
+            log.warning("%s", kept)
         raise
-
-
-def _topmost_missing(path: Path) -> Path:
-    """The highest ancestor of `path` (or `path` itself) that does not exist yet: what `down` removes."""
-    top = path
-    while not top.parent.exists():
-        top = top.parent
-    return top
 
 
 def _check_site_config(force: bool) -> None:
@@ -136,8 +147,9 @@ def _check_site_config(force: bool) -> None:
 
 
 def _write_files(spec: LocalClusterSpec) -> None:
-    for d in (spec.etc_dir, spec.dev_dir, spec.log_dir, spec.root / "ctld", spec.root / "run"):
-        d.mkdir(parents=True, exist_ok=True)
+    for d in spec.daemon_dirs:
+        if d != spec.db_dir or spec.accounting:
+            d.mkdir(parents=True, exist_ok=True)
     for node in spec.node_names:
         (spec.node_dir(node) / "spool").mkdir(parents=True, exist_ok=True)
         (spec.node_dir(node) / "pmix").mkdir(parents=True, exist_ok=True)
@@ -155,7 +167,7 @@ def _write_files(spec: LocalClusterSpec) -> None:
 
 
 def _link_site_config(spec: LocalClusterSpec, record: Record, force: bool) -> None:
-    SITE_SLURM_DIR.mkdir(parents=True, exist_ok=True)
+    record.created_dirs += [str(d) for d in cleanup.make_dirs(SITE_SLURM_DIR)]
     for name in CONF_FILES:
         site = SITE_SLURM_DIR / name
         if site.exists() or site.is_symlink():
@@ -212,7 +224,8 @@ def _start_slurmd(spec: LocalClusterSpec, node: str, index: int) -> None:
     q = shlex.quote
     pmix_dir = spec.node_dir(node) / "pmix"
     script = (
-        f"hostname {q(node)} && mkdir -p /var/tmp/pmix && mount --bind {q(str(pmix_dir))} /var/tmp/pmix "
+        f"hostname {q(node)} && mkdir -p {q(render.PMIX_CLI_TMP_DIR)} "
+        f"&& mount --bind {q(str(pmix_dir))} {q(render.PMIX_CLI_TMP_DIR)} "
         f"&& exec slurmd -N {q(node)}"
     )
     cmd = [
@@ -255,16 +268,6 @@ def _current_spec() -> LocalClusterSpec:
     return LocalClusterSpec.from_json(Record.load(state_file).spec)
 
 
-def _ensure_user(user: str) -> bool:
-    """Create a plain (non-root) account for researchers; returns whether it was created."""
-    try:
-        pwd.getpwnam(user)
-        return False
-    except KeyError:
-        system.run(["useradd", "--create-home", "--shell", "/bin/bash", user])
-        return True
-
-
 def _wait_nodes_idle(spec: LocalClusterSpec, timeout_s: float) -> None:
     def all_idle() -> bool:
         out = system.run(["sinfo", "-N", "-h", "-o", "%N %t"], check=False).stdout
@@ -280,14 +283,17 @@ def _wait_nodes_idle(spec: LocalClusterSpec, timeout_s: float) -> None:
 
 
 # ---- down -------------------------------------------------------------------------------------------
-def down(*, quiet: bool = False) -> bool:
-    """Undo what `up` did. Returns False when there was nothing to take down."""
+def down(*, quiet: bool = False) -> list[cleanup.Kept] | None:
+    """Undo what `up` did, removing nothing it did not create (see `cleanup`).
+
+    Returns what it kept of what `up` created, and why (None when the cluster was not up).
+    """
     require_root()
     state_file = get_state_dir() / "state.json"
     if not state_file.exists():
         if not quiet:
             log.info("the local cluster is not up")
-        return False
+        return None
     record = Record.load(state_file)
     spec = LocalClusterSpec.from_json(record.spec)
     if system.pids_named("slurmctld"):
@@ -316,12 +322,35 @@ def down(*, quiet: bool = False) -> bool:
         backup = Path(site).with_name(Path(site).name + ".hpc-det-backup")
         if backup.exists():
             os.replace(backup, site)
+    kept: list[cleanup.Kept] = []
     for user in record.created_users:
-        system.run(["userdel", "--remove", user], check=False)
-    shutil.rmtree(spec.root, ignore_errors=True)
-    for d in record.created_dirs:
-        shutil.rmtree(d, ignore_errors=True)
-    return True
+        kept += accounts.remove(user, record.created_homes)
+    own = spec.daemon_dirs if record.own_dirs is None else [Path(d) for d in record.own_dirs]
+    for d in own:
+        cleanup.remove_own_dir(d)
+    for d in spec.daemon_dirs:
+        if d not in own and os.path.lexists(d):
+            kept.append(cleanup.Kept(str(d), "it existed before `up`"))
+    state_file.with_suffix(".tmp").unlink(missing_ok=True)
+    state_file.unlink()
+    for d in _created_dirs_deepest_first(record, spec):
+        k = cleanup.remove_if_empty(d, "`up` created it")
+        if k is not None:
+            kept.append(k)
+    return kept
+
+
+def _created_dirs_deepest_first(record: Record, spec: LocalClusterSpec) -> list[Path]:
+    dirs = {Path(d) for d in record.created_dirs}
+    for top in list(dirs):
+        # `up` created `top`, so also every directory between it and the state directory (an older state file
+        # records only the topmost).
+        if spec.root.is_relative_to(top):
+            p = spec.root
+            while p != top:
+                dirs.add(p)
+                p = p.parent
+    return sorted(dirs, key=lambda p: len(p.parts), reverse=True)
 
 
 # ---- status -----------------------------------------------------------------------------------------

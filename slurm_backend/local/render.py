@@ -12,6 +12,8 @@ from slurm_backend.local.spec import (
 # Fake GPUs are character devices with distinct device numbers: Slurm only stat()s them, and refuses
 # regular files ("not a valid character or block device"). 195 is the NVIDIA driver's real major.
 GPU_DEVICE_MAJOR = 195
+# Where PMIx clients put their files; each node bind-mounts its own directory here (`cluster._start_slurmd`).
+PMIX_CLI_TMP_DIR = "/var/tmp/pmix"
 HEADER = "# Written by `det deploy local up`; removed by `det deploy local down`. Do not edit.\n"
 
 
@@ -134,7 +136,7 @@ def render_gres_conf(spec: LocalClusterSpec) -> str:
 def render_mpi_conf(spec: LocalClusterSpec) -> str:
     # All nodes share /tmp, so PMIx client directories would collide; each node's mount namespace
     # bind-mounts its own directory onto this path (Slurm does not expand %n here).
-    return HEADER + "PMIxCliTmpDirBase=/var/tmp/pmix\n"
+    return HEADER + f"PMIxCliTmpDirBase={PMIX_CLI_TMP_DIR}\n"
 
 
 def render_hosts_block(spec: LocalClusterSpec) -> list[str]:

@@ -107,6 +107,21 @@ class LocalClusterSpec:
         return self.db_dir / "mariadb.sock"
 
     @property
+    def daemon_dirs(self) -> list[Path]:
+        """The daemons' own directories (configuration, devices, logs, slurmctld state, pid files, node spool,
+        accounting database): `down` removes the ones `up` created with everything in them."""
+        root = self.root
+        return [
+            self.etc_dir,
+            self.dev_dir,
+            self.log_dir,
+            root / "ctld",
+            root / "run",
+            root / "nodes",
+            self.db_dir,
+        ]
+
+    @property
     def state_file(self) -> Path:
         return self.root / "state.json"
 

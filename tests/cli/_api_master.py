@@ -7,6 +7,7 @@ in the database themselves. Configuration comes from the environment (``DET_DB_U
 
 from __future__ import annotations
 
+import os
 import sys
 
 import uvicorn
@@ -16,8 +17,9 @@ from hpc_master.masterconf import load_master_config
 
 
 def main() -> None:
-    config = load_master_config(None)
-    uvicorn.run(create_app(config), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+    port = int(sys.argv[1])
+    config = load_master_config(None, env={**os.environ, "DET_LISTEN_PORT": str(port)})
+    uvicorn.run(create_app(config), host="127.0.0.1", port=port, log_level="warning")
 
 
 if __name__ == "__main__":

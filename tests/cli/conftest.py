@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -131,7 +132,16 @@ def det(
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("DET_MASTER", master.url)
+    give_owner_key(master, tmp_path / "config")
     return Det(capsys, monkeypatch)
+
+
+def give_owner_key(master: Master, xdg_config_home: Path) -> None:
+    """The test acts as the master's owner: its CLI finds the key the master wrote to its owner's home."""
+    name = f"owner-key-{httpx.URL(master.url).port}"
+    key = master.root / "home" / ".config" / "hpc-det" / name
+    (xdg_config_home / "hpc-det").mkdir(mode=0o700, parents=True, exist_ok=True)
+    shutil.copy(key, xdg_config_home / "hpc-det" / name)
 
 
 def unique(prefix: str) -> str:

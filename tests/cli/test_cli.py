@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
@@ -104,6 +105,20 @@ def test_automatic_login_as_determined(det: Det, tmp_path: Path) -> None:
     assert "'determined'" in r.out
     auth = json.loads((tmp_path / "config" / "hpc-det" / "auth.json").read_text())
     assert auth["masters"][os.environ["DET_MASTER"]]["tokens"]["determined"]
+
+
+def test_another_account_on_the_login_node_cannot_use_a_personal_masters_blank_passwords(
+    det: Det, master: Master, tmp_path: Path
+) -> None:
+    """Its CLI has no owner key (it cannot read the owner's 0600 file), so `determined` and `admin` are shut."""
+    for key in (tmp_path / "config" / "hpc-det").glob("owner-key-*"):
+        key.unlink()
+    r = det("e", "list")
+    assert r.rc != 0 and "owner" in r.err, r.err
+    r = det("user", "login", "admin", env={"DET_PASS": ""})
+    assert r.rc != 0 and "owner" in r.err, r.err
+    (tmp_path / "config" / "hpc-det" / f"owner-key-{httpx.URL(master.url).port}").write_text("a guess\n")
+    assert det("e", "list").rc != 0
 
 
 def test_login_whoami_logout_and_token_file_mode(

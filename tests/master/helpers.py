@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from hpc_master import owner_key
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import Base, UserModel
 from hpc_master.services import lifecycle
@@ -30,7 +31,11 @@ hyperparameters:
 
 
 def login(client: TestClient, username: str = "admin", password: str = "") -> dict[str, str]:
-    r = client.post("/api/v1/auth/login", json={"username": username, "password": password})
+    """Log in; a blank password goes with the owner key the app wrote, as the owner's CLI sends it."""
+    body = {"username": username, "password": password}
+    if password == "":
+        body["ownerKey"] = owner_key.read(client.app.state.det.config.listen.port) or ""  # type: ignore[attr-defined]
+    r = client.post("/api/v1/auth/login", json=body)
     assert r.status_code == 200, r.text
     return {"Authorization": f"Bearer {r.json()['token']}"}
 

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +256,10 @@ def test_metrics_batch_is_idempotent(client: TestClient, sessions: sessionmaker[
     assert bad.status_code == 400 and bad.json()["field"]
 
 
+def ckpt_uuid(name: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_OID, name))
+
+
 def test_checkpoints_listed_best_first(client: TestClient, sessions: sessionmaker[Session]) -> None:
     admin = login(client)
     exp_id = create_experiment(client, admin)
@@ -268,7 +273,7 @@ def test_checkpoints_listed_best_first(client: TestClient, sessions: sessionmake
             json={"metrics": item, "group": "validation"},
         )
         ckpt = {
-            "uuid": f"ckpt-{request_id}",
+            "uuid": ckpt_uuid(request_id),
             "trialId": trial_id,
             "trialRunId": 1,
             "resources": {"model.pt": 10},
@@ -281,25 +286,25 @@ def test_checkpoints_listed_best_first(client: TestClient, sessions: sessionmake
     best = client.get(f"/api/v1/experiments/{exp_id}/checkpoints?limit=2", headers=admin).json()[
         "checkpoints"
     ]
-    assert [c["uuid"] for c in best] == ["ckpt-b", "ckpt-c"]
+    assert [c["uuid"] for c in best] == [ckpt_uuid("b"), ckpt_uuid("c")]
     assert best[0]["training"]["searcherMetric"] == 0.1
     worst = client.get(
         f"/api/v1/experiments/{exp_id}/checkpoints?orderBy=ORDER_BY_DESC&sortByMetric=validation_loss&limit=1",
         headers=admin,
     ).json()["checkpoints"]
-    assert [c["uuid"] for c in worst] == ["ckpt-a"]
-    got = client.get("/api/v1/checkpoints/ckpt-b", headers=admin).json()["checkpoint"]
+    assert [c["uuid"] for c in worst] == [ckpt_uuid("a")]
+    got = client.get(f"/api/v1/checkpoints/{ckpt_uuid('b')}", headers=admin).json()["checkpoint"]
     assert got["state"] == "STATE_COMPLETED" and got["metadata"]["steps_completed"] == 100
     with transaction(sessions) as s:
-        assert s.get(TrialModel, got["training"]["trialId"]).latest_checkpoint == "ckpt-b"  # type: ignore[union-attr]
+        assert s.get(TrialModel, got["training"]["trialId"]).latest_checkpoint == ckpt_uuid("b")  # type: ignore[union-attr]
     assert (
         client.request(
-            "DELETE", "/api/v1/checkpoints", headers=admin, json={"checkpointUuids": ["ckpt-a"]}
+            "DELETE", "/api/v1/checkpoints", headers=admin, json={"checkpointUuids": [ckpt_uuid("a")]}
         ).json()
         == {}
     )
     assert (
-        client.get("/api/v1/checkpoints/ckpt-a", headers=admin).json()["checkpoint"]["state"]
+        client.get(f"/api/v1/checkpoints/{ckpt_uuid('a')}", headers=admin).json()["checkpoint"]["state"]
         == "STATE_DELETED"
     )
 
@@ -432,9 +437,9 @@ def test_a_preemption_poll_whose_job_went_away_stops_reading_the_database(
     reads: list[float] = []
     real_state = harness.preemption_state
 
-    def counted(*args: Any) -> bool:
+    def counted(*args: Any, **kwargs: Any) -> bool:
         reads.append(time.monotonic())
-        return real_state(*args)
+        return real_state(*args, **kwargs)
 
     monkeypatch.setattr(harness, "preemption_state", counted)
     exp_id = create_experiment(client, login(client))
@@ -472,9 +477,9 @@ def test_a_stop_request_for_another_run_does_not_wake_a_preemption_poll(
     reads: list[int] = []
     real_state = harness.preemption_state
 
-    def counted(session: Session, trial_id: int, run_number: int) -> bool:
+    def counted(session: Session, trial_id: int, run_number: int, *, deliver: bool) -> bool:
         reads.append(trial_id)
-        return real_state(session, trial_id, run_number)
+        return real_state(session, trial_id, run_number, deliver=deliver)
 
     monkeypatch.setattr(harness, "preemption_state", counted)
     admin = login(client)

@@ -15,6 +15,8 @@ from hpc_master.services import lifecycle as svc
 from hpc_master.services.states import TerminationReason
 from tests.master.helpers import context_file, login
 
+C10 = "00000000-0000-4000-8000-000000000010"  # the checkpoint at step 10
+
 CONFIG = """\
 entrypoint: python3 train.py
 searcher: {name: single, metric: validation_loss, max_length: {batches: 100}}
@@ -70,7 +72,7 @@ def test_restart_rolls_back_metrics_after_the_checkpoint(
 
     _report(client, headers, trial_id, 1, range(1, 13))  # steps 1..12
     ckpt = {
-        "uuid": "c10",
+        "uuid": C10,
         "trialId": trial_id,
         "trialRunId": 1,
         "resources": {},

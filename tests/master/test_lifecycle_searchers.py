@@ -163,8 +163,12 @@ def test_a_promotion_calls_off_a_pause_that_is_still_pending(
         assert trial.state == "ACTIVE" and not run.preempt_requested
 
 
-def _told_to_stop(client: TestClient, headers: dict[str, str], trial_id: int, how: str) -> None:
-    """The job hears of the stop request the way a real harness does."""
+def _told_to_stop(client: TestClient, sessions: sessionmaker[Session], trial_id: int, how: str) -> None:
+    """The job hears of the stop request the way a real harness does, with its own per-trial token."""
+    from hpc_master.services import users
+
+    with transaction(sessions) as s:
+        headers = {"Authorization": f"Bearer {users.mint_trial_token(s, trial_id)}"}
     if how == "operation":  # a ≤0.37 script asks for its next operation: none comes, so its script ends
         r = client.get(f"/api/v1/trials/{trial_id}/searcher/operation?timeoutSeconds=0", headers=headers)
         assert r.status_code == 200 and r.json() == {"op": None, "completed": False}, r.text
@@ -209,7 +213,7 @@ def test_a_promotion_after_the_job_was_told_to_pause_resubmits_the_trial(
             svc.start_trial_run(s, run.id, f"90{t.id}")
     _validate(client, headers, trials[0].id, 50, 0.9)  # alone in its rung → Pause
     _drive(sessions, exp_id)
-    _told_to_stop(client, headers, trials[0].id, how)
+    _told_to_stop(client, sessions, trials[0].id, how)
     for t, loss in zip(trials[1:], (0.8, 0.95, 0.99), strict=True):  # now it is in the top half → Resume
         _validate(client, headers, t.id, 50, loss)
     _drive(sessions, exp_id)
@@ -243,7 +247,7 @@ def test_activating_a_pausing_experiment_keeps_or_resubmits_its_trial(
         svc.start_trial_run(s, run.id, "9001")
     assert client.post(f"/api/v1/experiments/{exp_id}/pause", headers=headers).status_code == 200
     if told:
-        _told_to_stop(client, headers, trial.id, "preemption")
+        _told_to_stop(client, sessions, trial.id, "preemption")
     assert client.post(f"/api/v1/experiments/{exp_id}/activate", headers=headers).status_code == 200
     with transaction(sessions) as s:
         row = s.get(TrialModel, trial.id)

@@ -225,16 +225,16 @@ def test_searcher_op_outbox(sessions: sessionmaker[Session], owner: Principal) -
     trial_id = new_trial(sessions, exp_id)
     with transaction(sessions) as s:
         lifecycle.set_searcher_operation(s, trial_id, 50)  # max_length is 100
-        assert harness.searcher_operation(s, trial_id) == (50, harness.OpState.READY)
+        assert harness.searcher_operation(s, trial_id, deliver=True) == (50, harness.OpState.READY)
     with transaction(sessions) as s:
         harness.complete_searcher_operation(s, trial_id, 50, 0.5)
         harness.complete_searcher_operation(s, trial_id, 50, 0.5)  # retried: recorded once
-        assert harness.searcher_operation(s, trial_id) == (50, harness.OpState.WAITING)
+        assert harness.searcher_operation(s, trial_id, deliver=True) == (50, harness.OpState.WAITING)
     with transaction(sessions) as s:
         taken = lifecycle.take_searcher_op_completions(s)
         assert [(c.trial_id, c.length, c.metric) for c in taken] == [(trial_id, 50, 0.5)]
         # Seen, with no new operation and no pause: the searcher may still promote the trial.
-        assert harness.searcher_operation(s, trial_id) == (50, harness.OpState.WAITING)
+        assert harness.searcher_operation(s, trial_id, deliver=True) == (50, harness.OpState.WAITING)
     with transaction(sessions) as s:
         assert lifecycle.take_searcher_op_completions(s) == []
         assert harness.best_searcher_validation(s, exp_id) == 0.5
@@ -242,7 +242,7 @@ def test_searcher_op_outbox(sessions: sessionmaker[Session], owner: Principal) -
     with transaction(sessions) as s:
         lifecycle.set_searcher_operation(s, trial_id, 100)
         harness.complete_searcher_operation(s, trial_id, 100, 0.25)
-        assert harness.searcher_operation(s, trial_id) == (100, harness.OpState.DONE)
+        assert harness.searcher_operation(s, trial_id, deliver=True) == (100, harness.OpState.DONE)
 
 
 def test_active_listings_for_reconciliation(sessions: sessionmaker[Session], owner: Principal) -> None:
