@@ -9,6 +9,8 @@
 #      on Slurm and wait for it;
 #   6. print the best trial's validation accuracy, its checkpoint and the commands to try next.
 # Re-runnable: a cluster, master or user that is already there is reused; each run creates a new experiment.
+# The master's state (DET_QUICKSTART_DIR) survives `det deploy local down`: after `up`, a new run restarts the
+# master if it is not running, and finds its users, experiments and checkpoints again.
 #   sudo scripts/quickstart.sh
 # Environment: DET_QUICKSTART_USER (researcher), DET_QUICKSTART_PORT (8080), DET_QUICKSTART_DIR.
 set -euo pipefail
@@ -82,6 +84,16 @@ master_up() { python -c 'import sys, httpx; httpx.get(sys.argv[1], timeout=2).ra
 if master_up; then
   echo "already running: reusing it"
 else
+  # The master of an earlier run that no longer answers is restarted; a pid file left by one that is gone (a
+  # reboot) is dropped. Its database, passwords and checkpoints in $STATE are reused as they are.
+  pid=$(cat "$STATE/master.pid" 2>/dev/null || true)
+  if [ -n "$pid" ] && grep -qa 'hpc_master\.server' "/proc/$pid/cmdline" 2>/dev/null; then
+    echo "the master of an earlier run (pid $pid) does not answer: restarting it"
+    det-master --stop || die "could not stop the master (pid $pid)"
+  else
+    rm -f "$STATE/master.pid"
+  fi
+  if [ -s "$STATE/data/master.db" ]; then echo "starting it on its existing state: $STATE/data/master.db"; fi
   DET_ADMIN_PASSWORD=$(cat "$STATE/admin.password") det-master --config "$STATE/master.yaml" --daemon ||
     die "the master did not start; see $STATE/master.log"
   for _ in $(seq 60); do master_up && break || sleep 0.5; done
@@ -147,4 +159,6 @@ Try next, as the researcher (already logged in; the master and the cluster stay 
   det e create distributed.yaml . -f     # one trial on 4 slots: 4 ranks on node1 and node2
 Stop the master: DET_MASTER_STATE_DIR=$STATE $VENV/bin/det-master --stop
 Remove the cluster: $VENV/bin/det deploy local down
+  (the master's database, passwords and checkpoints in $STATE stay; after \`det deploy local up\`,
+  run this script again and it finds them)
 EOF

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from slurm_backend.local.cluster import is_up
-from tests.cli.conftest import ADMIN, Det, Master, running_master, unique
+from tests.cli.conftest import ADMIN, Det, Master, give_owner_key, running_master, unique
 from tests.conftest import require
 
 LIFECYCLE_WAIT_S = 20.0
@@ -60,8 +60,9 @@ def full_master(tmp_path: Path) -> Iterator[Master]:
 
 
 @pytest.fixture
-def researcher_user(det: Det, full_master: Master) -> dict[str, str]:
+def researcher_user(det: Det, full_master: Master, tmp_path: Path) -> dict[str, str]:
     """A det user whose jobs run as the researcher Unix account (DET_TEST_USER, default `researcher`)."""
+    give_owner_key(full_master, tmp_path / "config")  # the test acts as this master's owner too
     account = os.environ.get("DET_TEST_USER", "researcher")
     try:
         pwd.getpwnam(account)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_backend.local import hosts, render
+from slurm_backend.local import cleanup, hosts, render
 from slurm_backend.local.spec import LocalClusterSpec
 
 GOLDEN = Path(__file__).parent / "golden" / "local_cluster"
@@ -68,3 +68,36 @@ def test_hosts_block_is_added_once_and_removed_exactly() -> None:
 def test_hosts_block_added_to_file_without_trailing_newline() -> None:
     added = hosts.add_block("127.0.0.1 localhost", ["10.77.0.11 node1"])
     assert added.startswith("127.0.0.1 localhost\n# BEGIN")
+
+
+# ---- what `down` may remove (slurm_backend/local/cleanup.py); the real cycle: tests/slurm/test_zz_down_keeps_data.py
+def test_make_dirs_returns_only_the_directories_it_created(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    assert cleanup.make_dirs(tmp_path / "a" / "b" / "c") == [tmp_path / "a" / "b", tmp_path / "a" / "b" / "c"]
+    assert cleanup.make_dirs(tmp_path / "a" / "b") == []
+
+
+def test_a_created_directory_is_removed_only_when_empty(tmp_path: Path) -> None:
+    (tmp_path / "top" / "quickstart").mkdir(parents=True)
+    kept = cleanup.remove_if_empty(tmp_path / "top", "`up` created it")
+    assert kept is not None and kept.what == str(tmp_path / "top") and "quickstart" in kept.why
+    assert (tmp_path / "top" / "quickstart").is_dir()
+    (tmp_path / "top" / "quickstart").rmdir()
+    assert cleanup.remove_if_empty(tmp_path / "top", "`up` created it") is None
+    assert not (tmp_path / "top").exists()
+
+
+def test_a_home_holds_nothing_but_the_skeleton_by_names_and_content(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".config").mkdir(parents=True)
+    (home / ".bashrc").write_text("# skel\n")
+    (home / ".config" / "x").write_text("skel too\n")
+    skeleton = cleanup.manifest(home)
+    assert cleanup.extra_entries(home, skeleton) == []
+    (home / ".config" / "x").unlink()  # a skeleton file removed: nothing of the researcher's is there
+    assert cleanup.extra_entries(home, skeleton) == []
+    (home / ".bashrc").write_text("# skel\nexport PATH=~/bin:$PATH\n")  # same name, new content
+    (home / "data" / "deep").mkdir(parents=True)  # an unexpected directory is named once, not walked
+    (home / "data" / "deep" / "f").write_text("1")
+    (home / ".config" / "y").symlink_to("/etc/hostname")
+    assert cleanup.extra_entries(home, skeleton) == [".bashrc", "data", ".config/y"]
