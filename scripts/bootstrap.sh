@@ -2,8 +2,9 @@
 # Install everything the project needs on a fresh Debian 12 machine (idempotent; fast when already done):
 # Debian packages, then a virtual environment at .venv built from Debian's /usr/bin/python3 so that
 # non-root researcher accounts can run its interpreter inside Slurm jobs.
-# Usage: sudo scripts/bootstrap.sh [VENV_DIR]
+# Usage: scripts/bootstrap.sh [VENV_DIR]     # as root (another user: through sudo)
 set -euo pipefail
+source "$(dirname "$0")/_as_root.sh"
 cd "$(dirname "$0")/.."
 VENV=${1:-.venv}
 

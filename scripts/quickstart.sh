@@ -11,9 +11,10 @@
 # Re-runnable: a cluster, master or user that is already there is reused; each run creates a new experiment.
 # The master's state (DET_QUICKSTART_DIR) survives `det deploy local down`: after `up`, a new run restarts the
 # master if it is not running, and finds its users, experiments and checkpoints again.
-#   sudo scripts/quickstart.sh
+#   scripts/quickstart.sh     # as root (another user: through sudo)
 # Environment: DET_QUICKSTART_USER (researcher), DET_QUICKSTART_PORT (8080), DET_QUICKSTART_DIR.
 set -euo pipefail
+source "$(dirname "$0")/_as_root.sh"
 cd "$(dirname "$0")/.."
 REPO=$PWD
 VENV=$REPO/.venv
@@ -27,10 +28,6 @@ step() { printf '\n==> [%3ss] %s\n' "$(($(date +%s) - T0))" "$*"; }
 die() {
   echo "quickstart: $*" >&2
   exit 1
-}
-[ "$(id -u)" = 0 ] || {
-  echo "run as root: sudo $0" >&2
-  exit 2
 }
 
 step "Installing (scripts/bootstrap.sh)"

@@ -2,15 +2,12 @@
 # The whole test suite on real parts, from a fresh Debian 12 machine (run as root):
 # installs what is missing, brings up the local Slurm cluster (unless one is already up) and a private
 # PostgreSQL, runs the linters and every test as required (no silent skips), and takes down what it started.
-#   sudo scripts/test.sh [PYTEST ARGS...]
+#   scripts/test.sh [PYTEST ARGS...]     # as root (another user: through sudo)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$HERE"
 
-if [ "$(id -u)" != 0 ]; then
-  echo "scripts/test.sh must run as root (it starts Slurm daemons and network namespaces): sudo $0" >&2
-  exit 2
-fi
+source "$HERE/scripts/_as_root.sh"
 
 # Jobs run as a non-root researcher, who must be able to read this checkout and run its venv. If the checkout
 # sits somewhere private (e.g. under /root), test a copy in a world-readable place instead.

@@ -95,7 +95,7 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2))
         return 0 if info["up"] else 1
     if not info["up"]:
-        print("The local Slurm cluster is not up. Start it with: sudo det deploy local up")
+        print("The local Slurm cluster is not up. Start it (as root) with: det deploy local up")
         return 1
     for key, value in info.items():
         if key == "sinfo":
