@@ -11,7 +11,14 @@ Consumers that must not depend on pydantic (the searcher) use `cfg.searcher_dict
 """
 
 from hpc_master.expconf._errors import ExperimentConfigError
-from hpc_master.expconf._yaml import MAX_ALIAS_NODES, MAX_CONFIG_BYTES, YAMLConfigError, load_yaml
+from hpc_master.expconf._yaml import (
+    MAX_ALIAS_NODES,
+    MAX_CONFIG_BYTES,
+    MAX_DEPTH,
+    MAX_NODES,
+    YAMLConfigError,
+    load_yaml,
+)
 from hpc_master.expconf.complete import complete_experiment_config, merge_defaults
 from hpc_master.expconf.environment import EnvironmentConfig, EnvironmentVariablesMap, ImageMap
 from hpc_master.expconf.experiment import (
@@ -47,6 +54,8 @@ from hpc_master.expconf.units import UNITS, Length, Unit, convert_length, length
 __all__ = [
     "MAX_ALIAS_NODES",
     "MAX_CONFIG_BYTES",
+    "MAX_DEPTH",
+    "MAX_NODES",
     "SEARCHER_NAMES",
     "UNITS",
     "AdaptiveASHASearcher",

@@ -7,7 +7,10 @@ the master config). A config is text a user controls and the master stores, deco
 - aliases may repeat at most `MAX_ALIAS_NODES` nodes in all. PyYAML expands aliases without limit, and a
   523-byte "billion laughs" document expands to hundreds of millions of nodes once anything walks it
   (validation, JSON). Aliases are not refused outright: Determined configs use ``<<: *defaults`` merges and
-  shared anchors, which repeat a few hundred nodes at most. A recursive alias (``&a [*a]``) is refused.
+  shared anchors, which repeat a few hundred nodes at most. A recursive alias (``&a [*a]``) is refused;
+- values nest at most `MAX_DEPTH` (100) levels: 1,000 nested ``[`` overflow Python's stack in the parser;
+- a document has at most `MAX_NODES` (100,000) values, aliases expanded (a 1 MiB ``[1,1,1,...]`` has 500,000
+  and takes 8 s to parse).
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ MAX_CONFIG_BYTES = 1024 * 1024
 """The largest config text accepted, in bytes."""
 MAX_ALIAS_NODES = 10_000
 """How many nodes aliases may repeat in one document, in all (an alias of a 3-item list repeats 4 nodes)."""
+MAX_NODES = 100_000
+"""How many values (scalars, lists, mappings) a document may have, aliases expanded. PyYAML parses about 65,000
+a second: this bounds the time a create spends in the parser, and what the master stores and decodes."""
+MAX_DEPTH = 100
+"""How deeply values may nest, aliases expanded (deeper ones exhaust Python's recursion when validated)."""
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
@@ -58,11 +66,13 @@ class _StrictLoader(yaml.SafeLoader):
         self._alias_nodes = 0  # nodes repeated by aliases so far
         self._composed_nodes = 0  # nodes composed so far, aliases counted expanded
         self._written_keys: dict[int, set[int]] = {}  # id(mapping node) -> ids of the key nodes written in it
+        self._depth = 0  # how many collections enclose the node being composed
+        self._height: dict[int, int] = {}  # id(node) -> levels of nesting in it once aliases are expanded
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()  # type: ignore[no-untyped-call]
-            node = super().compose_node(parent, index)  # the anchored node (or "undefined alias")
+            node: Any = super().compose_node(parent, index)  # the anchored node (or "undefined alias")
             size = self._expanded_size.get(id(node))
             if size is None:
                 raise YAMLConfigError.at(
@@ -77,15 +87,36 @@ class _StrictLoader(yaml.SafeLoader):
                     "or use fewer, smaller aliases",
                     event.start_mark,
                 )
+            if self._depth + self._height[id(node)] > MAX_DEPTH:
+                raise YAMLConfigError.at(
+                    f"the alias *{event.anchor} nests the document deeper than {MAX_DEPTH} levels",
+                    event.start_mark,
+                )
             self._composed_nodes += size
             return node
+        if self._depth >= MAX_DEPTH:
+            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+            raise YAMLConfigError.at(f"nested deeper than {MAX_DEPTH} levels", mark)
         before = self._composed_nodes
+        self._depth += 1
         node = super().compose_node(parent, index)
+        self._depth -= 1
         self._composed_nodes += 1
+        if self._composed_nodes > MAX_NODES:
+            raise YAMLConfigError.at(f"the document has more than {MAX_NODES:,} values", node.start_mark)
         self._expanded_size[id(node)] = self._composed_nodes - before
+        self._height[id(node)] = 1 + max((self._height[id(c)] for c in _children(node)), default=0)
         if isinstance(node, yaml.MappingNode):  # its own keys, before merges add others' (flatten_mapping)
             self._written_keys[id(node)] = {id(k) for k, _ in node.value if k.tag != _MERGE_TAG}
         return node
+
+
+def _children(node: Any) -> list[Any]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
 
 
 def _drop_sexagesimal() -> None:

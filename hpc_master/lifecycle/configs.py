@@ -39,7 +39,7 @@ class DerivedConfigs(Generic[T]):
         self.max_entries = max_entries
         self._entries: OrderedDict[ConfigKey, T] = OrderedDict()
         self.decodes = 0
-        """How many times the config column was read (tests and logs)."""
+        """How many configs were decoded and derived, i.e. cache misses (tests and logs)."""
 
     def peek(self, key: ConfigKey) -> T | None:
         value = self._entries.get(key)

@@ -201,7 +201,7 @@ class JobDriver:
     def _config(self, sub: _Submission) -> ExperimentConfig:
         config = self.configs.peek(sub.config_key)
         if config is None:
-            if sub.config is None:  # evicted since `_allocate`: rare, read it again
+            if sub.config is None:  # cached at `_allocate`, evicted since: read it again
                 with self._tx() as s:
                     raw = s.scalar(
                         select(ExperimentModel.config).where(ExperimentModel.id == sub.experiment_id)

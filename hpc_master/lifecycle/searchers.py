@@ -8,6 +8,7 @@ from the stored snapshot (RNG included). No Slurm call and no HTTP request happe
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -88,7 +89,8 @@ def _new_method(experiment: ExperimentModel, inputs: DerivedConfigs[SearchInputs
     if got.searcher is None:
         raise ValueError(f"experiment {experiment.id} has no searcher section")
     seed = got.seed if got.seed is not None else experiment.id
-    return make_search_method(got.searcher, got.hyperparameters, seed=seed)
+    # Copies: the cached inputs outlive this method, whatever it does with its arguments.
+    return make_search_method(copy.deepcopy(got.searcher), copy.deepcopy(got.hyperparameters), seed=seed)
 
 
 def _snapshot(experiment: ExperimentModel) -> dict[str, Any] | None:
