@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import json
 import logging
 import uuid
 from typing import Any
@@ -81,12 +80,12 @@ class BodyLimit:
                 chunked = True  # the length is known only once the body is read
         limit = MAX_BODY_BYTES
         if length is not None and length > limit:
-            await _refuse(send, _too_large(limit))
+            await _refuse(scope, receive, send, _too_large(limit))
             return
         if chunked or (length is not None and length > ANONYMOUS_BODY_BYTES):
             refusal = await _authenticate(scope)
             if refusal is not None:
-                await _refuse(send, refusal)
+                await _refuse(scope, receive, send, refusal)
                 return
         else:
             limit = ANONYMOUS_BODY_BYTES
@@ -106,7 +105,7 @@ class BodyLimit:
             if not counted.exceeded:
                 raise
         if counted.exceeded and not started:
-            await _refuse(send, _too_large(limit))
+            await _refuse(scope, receive, send, _too_large(limit))
 
 
 class _CountedReceive:
@@ -147,16 +146,11 @@ async def _authenticate(scope: Scope) -> ClientError | None:
     return None
 
 
-async def _refuse(send: Send, error: ClientError) -> None:
-    """Answer with the error before (or instead of) reading the body, and close the connection."""
-    payload = json.dumps(error.to_dict()).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(payload)).encode()),
-        (b"connection", b"close"),
-    ]
-    await send({"type": "http.response.start", "status": error.http_status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
+async def _refuse(scope: Scope, receive: Receive, send: Send, error: ClientError) -> None:
+    """Answer with the error instead of reading (the rest of) the body, and close the connection."""
+    response = _error(error.http_status, error.code, error.message, error.field)
+    response.headers["connection"] = "close"
+    await response(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from hpc_master.api.bounds import INT32_MAX
 from hpc_master.api.schemas import MAX_BATCH_ROWS
 from hpc_master.db.models import utcnow
 from hpc_master.services.metrics import sqlite_time
@@ -61,11 +62,11 @@ def plain_training_rows(body: bytes, trial_id: int) -> list[tuple[Any, ...]] | N
     """The SQLite rows of a batch in the plain form harnesses send, or None for anything else.
 
     Plain: ``{"metrics": [...]}`` whose items have the camelCase keys ``trialRunId`` and ``stepsCompleted``
-    (non-negative JSON integers), ``metrics`` (an object), and optionally ``group`` (1-64 characters, not
-    ``validation``) and ``reportTime`` (an RFC 3339 timestamp, as the harness sends). Every such body is valid for
-    ``MetricsBatchRequest`` and gives the same rows; anything else (snake_case names, numbers as strings,
-    extra keys, validations, …) returns None and goes through pydantic. At 100 rows this costs about two
-    thirds of validating into models and converting them.
+    (non-negative JSON integers, ``trialRunId`` within int32), ``metrics`` (an object), and optionally ``group``
+    (1-64 characters, not ``validation``) and ``reportTime`` (an RFC 3339 timestamp, as the harness sends). Every
+    such body is valid for ``MetricsBatchRequest`` and gives the same rows; anything else (snake_case names,
+    numbers as strings, extra keys, validations, …) returns None and goes through pydantic. At 100 rows this
+    costs about two thirds of validating into models and converting them.
     """
     try:
         if _LONG_INTEGER in body.translate(_DIGITS):  # ~0.2 µs a row
@@ -87,7 +88,7 @@ def plain_training_rows(body: bytes, trial_id: int) -> list[tuple[Any, ...]] | N
             if (
                 type(run) is not int
                 or type(steps) is not int
-                or run < 0
+                or not 0 <= run <= INT32_MAX
                 or steps < 0
                 or type(metrics) is not dict
                 or type(group) is not str

@@ -8,7 +8,18 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from hpc_master.api.bounds import INT64_MAX, Count32, Count64, Fraction, Id, Int32, Int64, OptionalId
+from hpc_master.api.bounds import (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    Count32,
+    Count64,
+    Fraction,
+    Id,
+    Int32,
+    Int64,
+    OptionalId,
+)
 from hpc_master.services.checkpoints import check_checkpoint_uuid
 
 
@@ -23,13 +34,28 @@ class LoginRequest(ApiModel):
     """A personal master's owner key (``hpc_master.owner_key``): required with a blank password."""
 
 
+def _check_agent_user_group(group: dict[str, Any]) -> dict[str, Any]:
+    """Determined's ``{agentUser, agentUid, agentGroup, agentGid}``: ``agentUser`` becomes the unix username."""
+    user = group.get("agentUser")
+    if user is not None and not (isinstance(user, str) and len(user) <= 128):
+        raise ValueError("agentUser must be a string of at most 128 characters")
+    for key in ("agentUid", "agentGid"):
+        value = group.get(key)
+        if value is not None and not (type(value) is int and INT32_MIN <= value <= INT32_MAX):
+            raise ValueError(f"{key} must be a 32-bit integer")
+    return group
+
+
+AgentUserGroup = Annotated[dict[str, Any], AfterValidator(_check_agent_user_group)]
+
+
 class NewUser(ApiModel):
     username: str
     admin: bool = False
     active: bool = True
     display_name: str | None = Field(default=None, max_length=256)
     unix_username: str | None = Field(default=None, max_length=128)
-    agent_user_group: dict[str, Any] | None = None
+    agent_user_group: AgentUserGroup | None = None
 
 
 class PostUserRequest(ApiModel):
@@ -43,7 +69,7 @@ class PatchUserRequest(ApiModel):
     admin: bool | None = None
     display_name: str | None = Field(default=None, max_length=256)
     unix_username: str | None = Field(default=None, max_length=128)
-    agent_user_group: dict[str, Any] | None = None
+    agent_user_group: AgentUserGroup | None = None
 
 
 class ModelDefinitionFile(ApiModel):

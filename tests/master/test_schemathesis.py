@@ -1,0 +1,150 @@
+"""Schemathesis against the master's whole OpenAPI document: no request it makes gets a 5xx.
+
+The app runs under a real uvicorn (in a thread, on a free loopback port) on SQLite and on PostgreSQL, with one
+user's experiment and trial in it, so that small ids reach real rows. The harness routes are called with the
+trial's own token; every other request carries a fresh admin token (a generated logout, password change or
+demotion would otherwise leave the rest of the run unauthenticated). Bounded for CI: a fixed number of examples per operation, derandomized (the same requests on
+every run), no example database, and a 10 s timeout per request. The routes that may wait are tamed on
+purpose: ``follow=false`` for the log stream and ``timeoutSeconds=0`` for the long polls, which otherwise
+answer only after their wait (or, following a live trial, never); a test below keeps that list complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import schemathesis
+import uvicorn
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis.core.result import Ok
+from schemathesis.generation.modes import GenerationMode
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from hpc_master import auth
+from hpc_master.api.app import create_app
+from hpc_master.db.engine import transaction
+from hpc_master.db.models import SessionModel, UserModel, utcnow
+from hpc_master.masterconf import MasterConfig
+from hpc_master.services.users import mint_trial_token
+from tests.master.helpers import seed_trial
+
+MAX_EXAMPLES = 25
+TAMED: dict[str, dict[str, Any]] = {
+    "/api/v1/trials/{trial_id}/logs": {"follow": "false"},
+    "/api/v1/allocations/{allocation_id}/signals/preemption": {"timeoutSeconds": 0},
+    "/api/v1/trials/{trial_id}/searcher/operation": {"timeoutSeconds": 0},
+}
+"""Query parameters fixed for the routes that would otherwise wait."""
+WAITING_PARAMETERS = {"follow", "timeoutSeconds"}
+
+
+@dataclass
+class Live:
+    url: str
+    app: Any
+    sessions: sessionmaker[Session]
+    trial_token: str
+    """The seeded trial's own token, for the harness routes (their fast paths take only it)."""
+
+    def headers(self) -> dict[str, str]:
+        """A new session of ``admin``, made an active admin again first."""
+        token = auth.new_token()
+        with transaction(self.sessions) as s:
+            s.execute(update(UserModel).where(UserModel.username == "admin").values(active=True, admin=True))
+            admin_id = s.scalar(select(UserModel.id).where(UserModel.username == "admin"))
+            expires = utcnow() + dt.timedelta(hours=1)
+            s.add(SessionModel(token_hash=auth.hash_token(token), user_id=admin_id, expires_at=expires))
+        self.app.state.det.tokens.clear()
+        return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def live(config: MasterConfig, engine: Engine, sessions: sessionmaker[Session]) -> Iterator[Live]:
+    app = create_app(config, engine=engine)
+    trial_id = seed_trial(sessions)
+    with transaction(sessions) as s:
+        trial_token = mint_trial_token(s, trial_id)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    try:
+        for _ in range(200):
+            if server.started:
+                break
+            threading.Event().wait(0.05)
+        assert server.started, "uvicorn did not start"
+        host, port = sock.getsockname()
+        yield Live(f"http://{host}:{port}", app, sessions, trial_token)
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        sock.close()
+
+
+def _checker(live: Live, operation: Any, mode: GenerationMode, errors: list[str]) -> Any:
+    """A Hypothesis test of one operation, collecting (not shrinking) the requests that got a 5xx."""
+    fixed = TAMED.get(operation.path, {})
+    harness = "harness" in (operation.tags or [])
+
+    @given(case=operation.as_strategy(mode))
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    def check(case: Any) -> None:
+        if fixed:
+            case.query = {**(case.query or {}), **fixed}
+        headers = {"Authorization": f"Bearer {live.trial_token}"} if harness else live.headers()
+        response = case.call(base_url=live.url, headers=headers, timeout=10)
+        if response.status_code >= 500:
+            errors.append(f"{case.method} {case.formatted_path} query={case.query} body={case.body!r:.300}")
+
+    return check
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=str)
+def test_no_request_gets_a_server_error(live: Live, mode: GenerationMode) -> None:
+    """Valid requests (positive) and requests that break the schema (negative: numbers past the bounds, wrong
+    types, missing fields) for every operation; every 5xx is collected, with what was sent."""
+    schema = schemathesis.openapi.from_dict(live.app.openapi())
+    errors: list[str] = []
+    tested, unbreakable = [], []
+    for result in schema.get_all_operations():
+        assert isinstance(result, Ok), result  # the document is valid OpenAPI
+        operation = result.ok()
+        try:
+            _checker(live, operation, mode, errors)()
+        except Unsatisfiable:  # negative mode, for an operation with nothing to break
+            assert mode is GenerationMode.NEGATIVE, operation.label
+            unbreakable.append(operation.label)
+        else:
+            tested.append(operation.label)
+    assert len(tested) >= 30 if mode is GenerationMode.POSITIVE else len(tested) >= 25, unbreakable
+    assert not errors, "\n".join(errors[:20])
+
+
+def test_every_route_that_may_wait_is_tamed(client: Any) -> None:
+    doc = client.get("/openapi.json").json()
+    waiting = {
+        path
+        for path, item in doc["paths"].items()
+        for operation in item.values()
+        for parameter in operation.get("parameters", [])
+        if parameter["name"] in WAITING_PARAMETERS
+    }
+    assert waiting == set(TAMED)
