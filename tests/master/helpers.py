@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 from typing import Any
 
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from hpc_master import owner_key
+from hpc_master import auth, owner_key
 from hpc_master.db.engine import transaction
-from hpc_master.db.models import Base, UserModel
+from hpc_master.db.models import Base, SessionModel, UserModel, utcnow
 from hpc_master.services import lifecycle
 from hpc_master.services.experiments import create_experiment as create_experiment_service
 from hpc_master.services.users import Principal
@@ -76,3 +77,13 @@ def seed_trial(sessions: sessionmaker[Session], username: str = "alice") -> int:
         exp, _ = create_experiment_service(s, owner, config_text=CONFIG, model_definition=[], activate=True)
         assert exp is not None
         return lifecycle.create_trial(s, exp.id, "r1", {"lr": 0.1}).id
+
+
+def admin_token(sessions: sessionmaker[Session]) -> str:
+    """A session of ``admin``, made in the database (no login: how logins work is not under test there)."""
+    token = auth.new_token()
+    with transaction(sessions) as s:
+        admin_id = s.scalar(select(UserModel.id).where(UserModel.username == "admin"))
+        expires = utcnow() + dt.timedelta(hours=1)
+        s.add(SessionModel(token_hash=auth.hash_token(token), user_id=admin_id, expires_at=expires))
+    return token

@@ -3,37 +3,23 @@ the field, never a 500 (SQLite's OverflowError beyond 64 bits, PostgreSQL's Data
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import uuid
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session, sessionmaker
 
-from hpc_master import auth
 from hpc_master.api.plain_metrics import plain_training_rows
 from hpc_master.api.schemas import MetricsBatchRequest
 from hpc_master.db.engine import transaction
-from hpc_master.db.models import SessionModel, UserModel, utcnow
 from hpc_master.services.users import mint_trial_token
-from tests.master.helpers import seed_trial
+from tests.master.helpers import admin_token, seed_trial
 
 BIG = 2**63  # past SQLite's integers
 INT32_PAST = 2**31  # past PostgreSQL's INTEGER
-
-
-def admin_token(sessions: sessionmaker[Session]) -> str:
-    """A session of ``admin``, made in the database (no login: how logins work is not under test here)."""
-    token = auth.new_token()
-    with transaction(sessions) as s:
-        admin_id = s.scalar(select(UserModel.id).where(UserModel.username == "admin"))
-        expires = utcnow() + dt.timedelta(hours=1)
-        s.add(SessionModel(token_hash=auth.hash_token(token), user_id=admin_id, expires_at=expires))
-    return token
 
 
 def _bearer(token: str) -> dict[str, str]:

@@ -9,13 +9,7 @@ level, for the readers a real server cannot be made to overrun (a body longer th
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import datetime as dt
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,18 +18,16 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from hpc_master import auth
 from hpc_master.api.app import ANONYMOUS_BODY_BYTES, create_app
 from hpc_master.db.engine import transaction
-from hpc_master.db.models import SessionModel, UserModel, utcnow
 from hpc_master.masterconf import MasterConfig
 from hpc_master.services.users import mint_trial_token
-from tests.master.helpers import CONFIG, context_file, seed_trial
+from tests.cli.conftest import running_master
+from tests.master.helpers import CONFIG, admin_token, context_file, seed_trial
 
-REPO = Path(__file__).resolve().parents[2]
 LIMIT = 1 << 20
 """The lowered ``MAX_BODY_BYTES`` of the subprocess master."""
 PASSWORD = "limit-test-pw"
@@ -62,51 +54,15 @@ class Master:
         return headers
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Master]:
-    root = tmp_path_factory.mktemp("limited")
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DET_", "XDG_"))}
-    env.update(
-        HOME=str(root / "home"),
-        DET_DB_URL=f"sqlite:///{root / 'master.db'}",
-        DET_MASTER_DATA_DIR=str(root / "data"),
-        DET_MASTER_STATE_DIR=str(root / "state"),
-        DET_CHECKPOINT_ROOT=str(root / "checkpoints"),
-        DET_JOB_STORAGE_ROOT=str(root / "jobs"),
-        DET_ADMIN_PASSWORD=PASSWORD,
-    )
-    log_path = root / "master.log"
-    url = f"http://127.0.0.1:{port}"
-    with log_path.open("wb") as log:
-        argv = [sys.executable, "-m", "tests.master._limited_master", str(port), str(LIMIT)]
-        proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{url}/api/v1/master", timeout=1).status_code == 200:
-                        break
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"the master did not start: {log_path.read_text()[-2000:]}")
-                time.sleep(0.05)
-            # A login body is small: it needs no token.
-            r = httpx.post(f"{url}/api/v1/auth/login", json={"username": "admin", "password": PASSWORD})
-            assert r.status_code == 200, r.text
-            yield Master(url, proc.pid, r.json()["token"])
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    argv = ["tests.master._limited_master", "{port}", str(LIMIT)]
+    env = {"DET_ADMIN_PASSWORD": PASSWORD}
+    with running_master(tmp_path_factory.mktemp("limited"), argv, env) as m:
+        # A login body is small: it needs no token.
+        r = httpx.post(f"{m.url}/api/v1/auth/login", json={"username": "admin", "password": PASSWORD})
+        assert r.status_code == 200, r.text
+        yield Master(m.url, m.proc.pid, r.json()["token"])
 
 
 class Chunks:
@@ -240,15 +196,6 @@ async def _asgi(
     return starts[0]["status"], json.loads(body)
 
 
-def _admin_token(sessions: sessionmaker[Session]) -> str:
-    token = auth.new_token()
-    with transaction(sessions) as s:
-        admin_id = s.scalar(select(UserModel.id).where(UserModel.username == "admin"))
-        expires = utcnow() + dt.timedelta(hours=1)
-        s.add(SessionModel(token_hash=auth.hash_token(token), user_id=admin_id, expires_at=expires))
-    return token
-
-
 @pytest.mark.parametrize(
     "reader",
     ["fast-path", "route-after-fast-path", "fastapi-body-parsing"],
@@ -266,7 +213,7 @@ def test_a_limit_met_by_any_reader_is_a_413(
     elif reader == "route-after-fast-path":  # it hands over what it read; the route's read passes the limit
         path, token, chunks = f"/api/v1/trials/{trial_id}/metrics/batch", trial_token, [b" " * 1000, over]
     else:  # FastAPI turns any error while it reads into a 400 of its own
-        path, token, chunks = "/api/v1/experiments", _admin_token(sessions), [b" " * 1000, over]
+        path, token, chunks = "/api/v1/experiments", admin_token(sessions), [b" " * 1000, over]
     headers = {
         "content-type": "application/json",
         "content-length": "100",
