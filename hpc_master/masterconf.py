@@ -10,12 +10,13 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from hpc_master import paths
 from hpc_master.errors import ConfigError
@@ -49,7 +50,35 @@ class ContainerConfig(StrictModel):
     image_cache_dir: Path | None = None
 
 
+_UNLIMITED = ("UNLIMITED", "INFINITE")
+_MEM_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGTP])(?:i?B)?$", re.IGNORECASE)
+_MEM_SHIFT = {"K": 10, "M": 20, "G": 30, "T": 40, "P": 50}
+_GPU_TYPE_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def pool_time_to_minutes(value: str | None) -> int | None:
+    """A pool's time limit in minutes; None for none or ``UNLIMITED`` (as ``scontrol show partition`` says)."""
+    from hpc_master.expconf.slurm import slurm_time_to_minutes  # here: `det` imports this module for less
+
+    if value is None or value.strip().upper() in _UNLIMITED:
+        return None
+    return slurm_time_to_minutes(value)
+
+
+def pool_memory_mb(value: str | None) -> int | None:
+    """``64G``, ``512M``, ``1.5T``, ``64GiB`` → MiB (Slurm's ``--mem`` unit); None for none."""
+    if value is None:
+        return None
+    m = _MEM_RE.match(value.strip())
+    if not m:
+        raise ValueError(f"expected a size with a unit such as '64G' or '512M', got {value!r}")
+    return int(float(m.group(1)) * (1 << _MEM_SHIFT[m.group(2).upper()])) >> 20
+
+
 class ResourcePoolConfig(StrictModel):
+    """One pool: a partition/account/QOS, its GPUs per node and its limits. Times and sizes are parsed when the
+    master config loads (a bad one stops the master at start, not every submission)."""
+
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
@@ -57,9 +86,69 @@ class ResourcePoolConfig(StrictModel):
     gpu_type: str | None = None
     gpu_request_style: Literal["gres", "gpus_per_node", "none"] = "gres"
     default_time_limit: str | None = None
+    """A Slurm time (``90``, ``1:30:00``, ``2-00:00:00``; an integer is minutes) or ``UNLIMITED``."""
     max_time_limit: str | None = None
     mem_per_node: str | None = None
+    """Memory per node, with a unit (``64G``, ``512M``): the job's ``--mem``."""
     container: ContainerConfig | None = None
+
+    @field_validator("partition", "account", "qos")
+    @classmethod
+    def _header_value(cls, value: str | None) -> str | None:
+        from slurm_backend.sbatch_args import check_header_value
+
+        why = None if value is None else check_header_value(value)
+        if why:
+            raise ValueError(why)
+        return value
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _gpu_type(cls, value: str | None) -> str | None:
+        if value is not None and not _GPU_TYPE_RE.match(value):
+            raise ValueError(f"may hold only letters, digits, _ . - (got {value!r})")
+        return value
+
+    @field_validator("default_time_limit", "max_time_limit", mode="before")
+    @classmethod
+    def _time(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | str | None):
+            raise ValueError(f"expected minutes or a Slurm time such as '1:30:00', got {value!r}")
+        if isinstance(value, int):
+            value = str(value)
+        minutes = pool_time_to_minutes(value)
+        if minutes is not None and minutes < 1:
+            raise ValueError(f"must be at least 1 minute, got {value!r}")
+        if info.field_name == "max_time_limit" and minutes is not None:
+            default = pool_time_to_minutes(info.data.get("default_time_limit"))
+            if default is not None and default > minutes:
+                raise ValueError(
+                    f"{minutes} minutes is shorter than default_time_limit ({default} minutes): every trial "
+                    "without slurm.time_limit would be refused"
+                )
+        return value
+
+    @field_validator("mem_per_node", mode="before")
+    @classmethod
+    def _memory(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, str | None):
+            raise ValueError(f"expected a size with a unit such as '64G' or '512M', got {value!r}")
+        mb = pool_memory_mb(value)
+        if mb is not None and mb < 1:
+            raise ValueError(f"must be at least 1M (Slurm's --mem is in MiB), got {value!r}")
+        return value
+
+    @property
+    def default_time_limit_min(self) -> int | None:
+        return pool_time_to_minutes(self.default_time_limit)
+
+    @property
+    def max_time_limit_min(self) -> int | None:
+        return pool_time_to_minutes(self.max_time_limit)
+
+    @property
+    def mem_per_node_mb(self) -> int | None:
+        return pool_memory_mb(self.mem_per_node)
 
 
 class CheckpointStorageConfig(StrictModel):
@@ -104,12 +193,21 @@ class MasterConfig(StrictModel):
     resource_pools: dict[str, ResourcePoolConfig] = Field(
         default_factory=lambda: {"default": ResourcePoolConfig()}
     )
-    default_resource_pool: str = "default"
+    default_resource_pool: str = Field(default="default", validate_default=True)
     preemption: PreemptionConfig = PreemptionConfig()
     container: ContainerConfig = ContainerConfig()
     poll_interval_s: float = Field(default=5.0, gt=0)
     security: SecurityConfig = SecurityConfig()
     cluster_name: str = "hpc-det"
+
+    @field_validator("default_resource_pool")
+    @classmethod
+    def _known_pool(cls, value: str, info: ValidationInfo) -> str:
+        pools = info.data.get("resource_pools")
+        if pools is not None and value not in pools:
+            known = ", ".join(repr(p) for p in sorted(pools)) or "none"
+            raise ValueError(f"{value!r} is not one of resource_pools (known: {known})")
+        return value
 
     def experiment_defaults(self) -> dict[str, Any]:
         """What every experiment gets unless its config says otherwise (experiment-config shaped)."""
@@ -237,7 +335,10 @@ def validation_error_to_config_error(err: ValidationError, *, prefix: str = "") 
             if close:
                 message += f"; did you mean {close[0]!r}?"
         return ConfigError(message, field=dotted, code="unknown_field")
-    return ConfigError(first["msg"], field=dotted or None)
+    message = first["msg"]
+    if first["type"] == "value_error":  # our validators' own words, without pydantic's "Value error, "
+        message = str((first.get("ctx") or {}).get("error", message))
+    return ConfigError(message, field=dotted or None)
 
 
 def parse_master_config(data: Mapping[str, Any] | None, env: Mapping[str, str] | None = None) -> MasterConfig:

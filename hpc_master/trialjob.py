@@ -20,13 +20,7 @@ from containers.job import container_section
 from containers.settings import default_cache_dir, pool_container
 from harness.exec import _job_plan as run_files
 from hpc_master.errors import ConfigError
-from hpc_master.expconf import (
-    DirectoryStorage,
-    ExperimentConfig,
-    SharedFSStorage,
-    memory_bytes,
-    slurm_time_to_minutes,
-)
+from hpc_master.expconf import DirectoryStorage, ExperimentConfig, SharedFSStorage
 from hpc_master.masterconf import MasterConfig
 from slurm_backend.render import render_sbatch_script
 from slurm_backend.resources import slots_to_nodes
@@ -67,13 +61,7 @@ def pool_from_master_config(master: MasterConfig, name: str | None = None) -> Po
         raise ConfigError(
             f"unknown resource pool {pool_name!r} (known: {known})", field="resources.resource_pool"
         )
-
-    def minutes(value: str | None, what: str) -> int | None:
-        try:
-            return None if value is None else slurm_time_to_minutes(value)
-        except ValueError as e:
-            raise ConfigError(str(e), field=f"resource_pools.{pool_name}.{what}") from None
-
+    # Times and sizes were parsed and checked when the master config loaded.
     return PoolSpec(
         name=pool_name,
         partition=pool.partition,
@@ -82,9 +70,9 @@ def pool_from_master_config(master: MasterConfig, name: str | None = None) -> Po
         slots_per_node=pool.slots_per_node,
         gpu_type=pool.gpu_type,
         gpu_request_style=pool.gpu_request_style,
-        default_time_limit_min=minutes(pool.default_time_limit, "default_time_limit"),
-        max_time_limit_min=minutes(pool.max_time_limit, "max_time_limit"),
-        mem_per_node_mb=None if pool.mem_per_node is None else memory_bytes(pool.mem_per_node) >> 20,
+        default_time_limit_min=pool.default_time_limit_min,
+        max_time_limit_min=pool.max_time_limit_min,
+        mem_per_node_mb=pool.mem_per_node_mb,
         preempt_signal=master.preemption.signal,
         preempt_lead_s=master.preemption.lead_time_s,
         **_pool_container_fields(master, pool_name),
@@ -240,7 +228,9 @@ def build_trial_job(
     if config.entrypoint is None:
         raise ConfigError("an experiment needs an entrypoint to run", field="entrypoint")
     slots = config.resources.slots_per_trial
-    shape = slots_to_nodes(slots, config.slurm.slots_per_node or pool.slots_per_node)
+    shape = slots_to_nodes(
+        slots, config.slurm.slots_per_node or pool.slots_per_node, single_node=config.resources.is_single_node
+    )
     argv = run_files.resolve_entrypoint(config.entrypoint, slots, paths.python)
     ntasks = shape.gpus_per_node if run_files.tasks_per_slot(argv) and shape.gpus_per_node else 1
     time_limit = _time_limit(config, pool)
@@ -345,4 +335,40 @@ def build_trial_job(
         workdir=workdir,
         output_path=output,
         session_token=session_token,
+    )
+
+
+# ---- the dry run at create ------------------------------------------------------------------------------------
+
+DRY_RUN_TRIAL = TrialJobInputs(
+    experiment_id=0, trial_id=0, trial_run_id=1, hparams={}, trial_seed=0, owner="dry-run"
+)
+
+
+def stand_in_pool(config: ExperimentConfig) -> PoolSpec:
+    """A pool for checking a config where the master's pools are unknown (``det preview`` without
+    ``--master-config``): named as the config asks, every slot on one node unless ``slurm.slots_per_node``
+    says otherwise, no time or memory limits."""
+    return PoolSpec(
+        name=config.resources.resource_pool or "default",
+        slots_per_node=config.slurm.slots_per_node or max(config.resources.slots_per_trial, 1),
+    )
+
+
+def dry_run_trial_job(
+    config: ExperimentConfig, master: MasterConfig, pool: PoolSpec | None = None
+) -> TrialJobPlan:
+    """Build (never submit) the job of the config's first trial, against `pool` or else the master's pool that
+    ``resources.resource_pool`` names: whatever submission would refuse raises here, at create, as a
+    ClientError naming the config field. Pure: no file is written and Slurm is not asked."""
+    if pool is None:
+        pool = pool_from_master_config(master, config.resources.resource_pool)
+    paths = JobPaths(
+        job_storage_root=str(master.job_storage_dir()),
+        checkpoint_root=str(master.checkpoint_dir()),
+        platform_root="/hpc-det",
+        python="python3",
+    )
+    return build_trial_job(
+        config, pool, DRY_RUN_TRIAL, paths, master_url=master.master_url(), session_token="dry-run"
     )

@@ -19,11 +19,12 @@ class NodeShape:
         return self.nodes * self.gpus_per_node
 
 
-def slots_to_nodes(slots_per_trial: int, slots_per_node: int) -> NodeShape:
+def slots_to_nodes(slots_per_trial: int, slots_per_node: int, *, single_node: bool = False) -> NodeShape:
     """Fill whole nodes: 4 slots at 2 per node → 2 × 2; 1 slot → 1 × 1; 0 slots → one CPU-only node.
 
     A trial that fits on one node takes one node with exactly its slots; a larger one must be a multiple of the
-    pool's slots per node, so that every node runs the same number of ranks.
+    pool's slots per node, so that every node runs the same number of ranks, and is refused when `single_node`
+    (``resources.is_single_node``).
     """
     if isinstance(slots_per_trial, bool) or not isinstance(slots_per_trial, int) or slots_per_trial < 0:
         raise ClientError(f"slots_per_trial must be a whole number ≥ 0, not {slots_per_trial!r}", field=FIELD)
@@ -42,6 +43,12 @@ def slots_to_nodes(slots_per_trial: int, slots_per_node: int) -> NodeShape:
         )
     if slots_per_trial <= slots_per_node:
         return NodeShape(nodes=1, gpus_per_node=slots_per_trial)
+    if single_node:
+        raise ClientError(
+            f"slots_per_trial {slots_per_trial} does not fit on one node ({slots_per_node} slots per node) and "
+            "resources.is_single_node is true",
+            field=FIELD,
+        )
     if slots_per_trial % slots_per_node:
         raise ClientError(
             f"slots_per_trial {slots_per_trial} is not a multiple of the pool's {slots_per_node} slots per node",

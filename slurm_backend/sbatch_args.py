@@ -4,6 +4,9 @@ Tokens follow sbatch's getopt rules: `--opt=value`, `--opt value`, `-Xvalue`, `-
 abbreviations of long options (`--part=x` is `--partition`), so abbreviations are resolved before checking.
 The result is a tuple of normalised `--opt=value` / `--flag` strings, each rendered on its own `#SBATCH` line
 (never through a shell).
+
+This is the one sbatch-options policy: the experiment config calls `validate_sbatch_args` when it is parsed (so
+`det preview` and create refuse what submission would), and `JobSpec` calls it again for every job.
 """
 
 from __future__ import annotations
@@ -177,7 +180,16 @@ REFUSED: dict[str, str] = {
 }
 
 
-def _resolve(name: str, token: str) -> str:
+class SbatchArgError(ClientError):
+    """A refused argument; `index` is its position in the list (the experiment config names
+    `slurm.sbatch_args[index]`)."""
+
+    def __init__(self, message: str, index: int) -> None:
+        super().__init__(message, field=FIELD)
+        self.index = index
+
+
+def _resolve(name: str, token: str, index: int) -> str:
     """getopt_long's rule: an exact name, else the one long option `name` abbreviates."""
     if name in LONG_OPTIONS:
         return name
@@ -185,60 +197,83 @@ def _resolve(name: str, token: str) -> str:
     if len(matches) == 1:
         return matches[0]
     if matches:
-        raise ClientError(
-            f"{token!r} is ambiguous: it could be {', '.join('--' + m for m in sorted(matches))}", field=FIELD
+        raise SbatchArgError(
+            f"{token!r} is ambiguous: it could be {', '.join('--' + m for m in sorted(matches))}", index
         )
-    raise ClientError(f"{token!r} is not an sbatch option", field=FIELD)
+    raise SbatchArgError(f"{token!r} is not an sbatch option", index)
 
 
-def _check_value(option: str, value: str) -> None:
+def _check_value(option: str, value: str, index: int) -> None:
     if any(c in value for c in "\n\r\0"):
-        raise ClientError(f"the value of --{option} may not contain a line break", field=FIELD)
+        raise SbatchArgError(f"the value of --{option} may not contain a line break", index)
+    if any(c in value for c in HEADER_FORBIDDEN):  # render.sbatch_line could not write it
+        raise SbatchArgError(
+            f"the value of --{option} may not contain a double quote or a backslash (an #SBATCH line cannot "
+            "carry them)",
+            index,
+        )
 
 
 def validate_sbatch_args(args: Sequence[str]) -> tuple[str, ...]:
-    """Return `args` normalised to `--opt=value`/`--flag`, or raise ClientError naming the refused option."""
+    """Return `args` normalised to `--opt=value`/`--flag`, or raise SbatchArgError (a ClientError whose field
+    is ``slurm.sbatch_args`` and whose `index` is the refused element's) naming the refused option."""
     if isinstance(args, str):
         raise ClientError("must be a list of arguments, not one string", field=FIELD)
     out: list[str] = []
     i = 0
     while i < len(args):
+        at = i
         token = args[i]
         if not isinstance(token, str):
-            raise ClientError(f"every argument must be a string, not {token!r}", field=FIELD)
+            raise SbatchArgError(f"every argument must be a string, not {token!r}", at)
         i += 1
         value: str | None
         if token.startswith("--") and len(token) > 2:
             name, eq, value = token[2:].partition("=")
             if not eq:
                 value = None
-            option = _resolve(name, token)
+            option = _resolve(name, token, at)
         elif token.startswith("-") and len(token) >= 2 and token[1] != "-":
             option = SHORT_OPTIONS.get(token[1], "")
             if not option:
-                raise ClientError(f"{token!r} is not an sbatch option", field=FIELD)
+                raise SbatchArgError(f"{token!r} is not an sbatch option", at)
             value = token[2:].removeprefix("=") or None
         else:
-            raise ClientError(
+            raise SbatchArgError(
                 f"{token!r} is not an option; sbatch_args may hold only options (the master writes the script)",
-                field=FIELD,
+                at,
             )
         if option in REFUSED:
-            raise ClientError(f"--{option} is {REFUSED[option]}", field=FIELD)
+            raise SbatchArgError(f"--{option} is {REFUSED[option]}", at)
         kind = LONG_OPTIONS[option]
         if kind == "no" and value is not None:
-            raise ClientError(f"--{option} takes no value", field=FIELD)
+            raise SbatchArgError(f"--{option} takes no value", at)
         if kind == "yes" and value is None:
             if i >= len(args):
-                raise ClientError(f"--{option} needs a value", field=FIELD)
+                raise SbatchArgError(f"--{option} needs a value", at)
             value = args[i]
+            if not isinstance(value, str):
+                raise SbatchArgError(f"every argument must be a string, not {value!r}", i)
             i += 1
         if value is None:
             out.append(f"--{option}")
         else:
-            _check_value(option, value)
+            _check_value(option, value, at)
             out.append(f"--{option}={value}")
     return tuple(out)
+
+
+# What a `#SBATCH --opt=value` line cannot carry (render.sbatch_line refuses the same).
+HEADER_FORBIDDEN = '\n\r\0"\\'
+
+
+def check_header_value(value: str) -> str | None:
+    """Why `value` (a partition, account or QOS name) cannot be written on an `#SBATCH` line, or None."""
+    if any(c in value for c in HEADER_FORBIDDEN):
+        return "may not contain a line break, a double quote or a backslash"
+    if not value.strip():
+        return "must not be empty"
+    return None
 
 
 def option_name(arg: str) -> str:

@@ -46,7 +46,7 @@ def create_experiment(
             activate=body.activate,
             parent_id=body.parent_id or None,
             validate_only=body.validate_only,
-            defaults=state.config.experiment_defaults(),
+            master=state.config,
         )
         warnings = [{"message": w} for w in parsed.warnings]
         if experiment is None:

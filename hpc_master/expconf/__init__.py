@@ -6,6 +6,10 @@ Two phases::
     cfg = parse_experiment_config(yaml_text)            # the config alone; raises ExperimentConfigError
     cfg = complete_experiment_config(cfg, defaults)     # merge master defaults, check it can run
 
+Configs from users enter through `hpc_master.expconf.pipeline.load_experiment_config`, which runs both phases
+and then a dry run of the trial's job script against the target pool (not imported here: it needs the job
+builder, which needs this package).
+
 Consumers that must not depend on pydantic (the searcher) use `cfg.searcher_dict()` and
 `cfg.hyperparameters_dict()`; `cfg.to_dict()` round-trips through `parse_experiment_config`.
 """
@@ -48,7 +52,7 @@ from hpc_master.expconf.searcher import (
     searcher_to_dict,
 )
 from hpc_master.expconf.slurm import SlurmConfig, slurm_time_to_minutes
-from hpc_master.expconf.storage import DirectoryStorage, SharedFSStorage
+from hpc_master.expconf.storage import DirectoryStorage, PartialStorage, SharedFSStorage
 from hpc_master.expconf.units import UNITS, Length, Unit, convert_length, length_in
 
 __all__ = [
@@ -77,6 +81,7 @@ __all__ = [
     "LogHP",
     "LogPolicy",
     "NestedHP",
+    "PartialStorage",
     "Profiling",
     "RandomSearcher",
     "Reproducibility",

@@ -8,7 +8,11 @@
 - lists are replaced, except ``bind_mounts`` (the defaults' mounts are added unless the experiment mounts the
   same container_path) and ``environment.environment_variables`` (defaults first, so the experiment's win);
 - ``checkpoint_storage``: the experiment's whole section wins unless it has the same `type` as the default,
-  then they merge key by key; ``searcher`` and ``hyperparameters`` are never taken from defaults.
+  or no `type` at all (only the GC fields, e.g. ``{save_trial_latest: 5}``), then they merge key by key;
+  ``searcher`` and ``hyperparameters`` are never taken from defaults.
+
+Completeness is Determined's "eventually required": ``entrypoint``, ``searcher.metric`` (every searcher, ``single``
+included), ``checkpoint_storage.type``, ``records_per_epoch`` for any length in epochs.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from hpc_master.expconf._errors import config_error
 from hpc_master.expconf.experiment import ExperimentConfig, parse_experiment_config
+from hpc_master.expconf.storage import PartialStorage
 from hpc_master.expconf.units import Length
 
 _NEVER_FROM_DEFAULTS = ("searcher", "hyperparameters", "entrypoint", "name", "description")
@@ -40,9 +45,8 @@ def merge_defaults(user: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict
 
     d_store, u_store = defaults.get("checkpoint_storage"), user.get("checkpoint_storage")
     if isinstance(u_store, Mapping) and isinstance(d_store, Mapping):
-        out["checkpoint_storage"] = (
-            _merge(d_store, u_store) if d_store.get("type") == u_store.get("type") else dict(u_store)
-        )
+        same = u_store.get("type") in (None, d_store.get("type"))
+        out["checkpoint_storage"] = _merge(d_store, u_store) if same else dict(u_store)
 
     if "bind_mounts" in user and "bind_mounts" in defaults:
         taken = {m["container_path"] for m in user["bind_mounts"]}
@@ -99,6 +103,12 @@ def complete_experiment_config(
         "checkpoint_storage",
         "missing: set checkpoint_storage in the experiment config or in the master's defaults",
     )
+    _require(
+        not isinstance(out.checkpoint_storage, PartialStorage),
+        "checkpoint_storage.type",
+        "missing required field; expected 'shared_fs' or 'directory' (the master's defaults set no storage "
+        "to merge these fields into)",
+    )
     if out.trial_class() is not None:
         _require(
             out.global_batch_size is not None or "global_batch_size" in out.hyperparameters,
@@ -112,7 +122,11 @@ def complete_experiment_config(
             ("min_checkpoint_period", out.min_checkpoint_period),
         ):
             if isinstance(length, Length) and length.unit == "epochs":
-                raise config_error("epochs need records_per_epoch (top-level); set it or use batches", field)
+                raise config_error(
+                    f"missing required field: {field} is in epochs, which needs records_per_epoch "
+                    "(the number of records in one epoch); set it or give the length in batches",
+                    "records_per_epoch",
+                )
 
     if out.reproducibility.experiment_seed is None:
         seed = experiment_seed if experiment_seed is not None else int(time.time()) % (2**31)

@@ -1,9 +1,12 @@
 """The experiment config (Determined v0 plus `slurm:`) and `parse_experiment_config`, the first phase.
 
 Phase 1, `parse_experiment_config(text_or_mapping)`: the config alone. Every section that is present must be
-well-formed and whole (a searcher needs its metric, a storage its paths). Sections may be absent.
+well-formed (a typed storage needs its paths; `slurm.sbatch_args` pass the Slurm backend's policy; with
+`slurm.slots_per_node` set, `resources.slots_per_trial` must fill whole nodes). Sections may be absent, and
+what Determined calls "eventually required" (`searcher.metric`, a storage's `type`) may be missing.
 Phase 2, `complete.complete_experiment_config(cfg, defaults)`: merge the master's defaults, then check that
-what an experiment needs to run is there.
+what an experiment needs to run is there. `pipeline.load_experiment_config` runs both, then a dry run of the
+job script.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, field_serializer, field_validator, model_validator
 
+from hpc_master.errors import ClientError
 from hpc_master.expconf._base import StrictModel
 from hpc_master.expconf._errors import config_error, custom_error, describe, format_path, to_config_error
 from hpc_master.expconf._yaml import load_yaml
@@ -36,8 +40,9 @@ from hpc_master.expconf.searcher import (
     searcher_to_dict,
 )
 from hpc_master.expconf.slurm import SlurmConfig
-from hpc_master.expconf.storage import AnyStorage, CheckpointStorage, check_storage_type
+from hpc_master.expconf.storage import AnyStorage, CheckpointStorage, PartialStorage, check_storage_type
 from hpc_master.expconf.units import Length, Unit, length_in
+from slurm_backend.resources import slots_to_nodes
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
@@ -180,6 +185,7 @@ class ExperimentConfig(StrictModel):
                     ["hyperparameters", *path, "count"],
                 )
         _check_global_batch_size(self.hyperparameters.get("global_batch_size"))
+        _check_slots(self.resources, self.slurm)
         return self
 
     # ---- dumping ---------------------------------------------------------------------------------------
@@ -255,7 +261,23 @@ class ExperimentConfig(StrictModel):
 
     @property
     def storage(self) -> AnyStorage | None:
-        return self.checkpoint_storage
+        """The typed storage; None while unset or only GC fields (before the master's defaults are merged)."""
+        storage = self.checkpoint_storage
+        return None if isinstance(storage, PartialStorage) else storage
+
+
+def _check_slots(resources: ResourcesConfig, slurm: SlurmConfig) -> None:
+    """The node shape, when the config alone decides it (``slurm.slots_per_node``); otherwise the pool decides
+    and the dry run at create checks it."""
+    if slurm.slots_per_node is None:
+        return
+    try:
+        slots_to_nodes(resources.slots_per_trial, slurm.slots_per_node, single_node=resources.is_single_node)
+    except ClientError as exc:
+        message = exc.message
+        if "the pool's " in message:
+            message = message.replace("the pool's ", "") + " (slurm.slots_per_node)"
+        raise custom_error(message, ["resources", "slots_per_trial"]) from None
 
 
 def _check_global_batch_size(hp: Any) -> None:

@@ -10,17 +10,7 @@ from pydantic import Field, field_validator
 
 from hpc_master.expconf._base import StrictModel
 from hpc_master.expconf._errors import custom_error
-
-# Options the Slurm backend sets itself; letting users pass them would break pause/resume or log capture.
-RESERVED_SBATCH_OPTIONS = (
-    "--requeue",
-    "--no-requeue",
-    "--array",
-    "--wrap",
-    "--parsable",
-    "--output",
-    "--error",
-)
+from slurm_backend.sbatch_args import SbatchArgError, check_header_value, validate_sbatch_args
 
 _TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
@@ -76,10 +66,20 @@ class SlurmConfig(StrictModel):
     @field_validator("sbatch_args")
     @classmethod
     def _args(cls, v: list[str]) -> list[str]:
-        for i, arg in enumerate(v):
-            opt = arg.split("=", 1)[0]
-            if opt in RESERVED_SBATCH_OPTIONS:
-                raise custom_error(f"{opt} is set by hpc-det itself and cannot be passed in sbatch_args", [i])
+        # The Slurm backend's one policy (`slurm_backend.sbatch_args`), so that a config is refused here, with
+        # the element's path, rather than at every submission. The list is kept as written.
+        try:
+            validate_sbatch_args(v)
+        except SbatchArgError as exc:
+            raise custom_error(exc.message, [exc.index]) from None
+        return v
+
+    @field_validator("partition", "account", "qos")
+    @classmethod
+    def _header_value(cls, v: str) -> str:
+        why = check_header_value(v)
+        if why:
+            raise ValueError(why)
         return v
 
     @property

@@ -1,4 +1,10 @@
-"""The `checkpoint_storage:` section: `shared_fs` and `directory`. Object stores are rejected for now."""
+"""The `checkpoint_storage:` section: `shared_fs` and `directory`. Object stores are rejected for now.
+
+As in Determined, `type` is *eventually* required: a section that sets only the garbage-collection fields
+(``{save_trial_latest: 5}``, as Determined's own examples do) parses as a `PartialStorage` and is merged into the
+master's default storage when the experiment is created (`complete.merge_defaults`); a config that still has no
+`type` after that merge is refused naming `checkpoint_storage.type`.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,9 @@ from hpc_master.expconf._base import StrictModel
 from hpc_master.expconf._errors import UNION_TAGS, custom_error, describe
 
 STORAGE_TYPES = ("shared_fs", "directory")
+PARTIAL_TAG = "partial"  # the union member of a section with no `type` (not a type a user can write)
 UNION_TAGS.update(STORAGE_TYPES)
+UNION_TAGS.add(PARTIAL_TAG)
 UNSUPPORTED_STORAGE = ("s3", "gcs", "azure", "hdfs")
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -22,6 +30,13 @@ class _StorageBase(StrictModel):
     save_experiment_best: NonNegativeInt = 0
     save_trial_best: NonNegativeInt = 1
     save_trial_latest: NonNegativeInt = 1
+
+
+GC_FIELDS = tuple(_StorageBase.model_fields)
+
+
+class PartialStorage(_StorageBase):
+    """A section with no `type`: only the GC fields, merged into the master's default storage at create."""
 
 
 class SharedFSStorage(_StorageBase):
@@ -79,10 +94,15 @@ class DirectoryStorage(_StorageBase):
 
 
 def _storage_tag(value: Any) -> str | None:
+    if isinstance(value, PartialStorage):
+        return PARTIAL_TAG
     if isinstance(value, _StorageBase):
         return str(getattr(value, "type", None))
-    if isinstance(value, Mapping) and value.get("type") in STORAGE_TYPES:
-        return str(value["type"])
+    if isinstance(value, Mapping):
+        if value.get("type") is None:
+            return PARTIAL_TAG
+        if value["type"] in STORAGE_TYPES:
+            return str(value["type"])
     return None
 
 
@@ -90,6 +110,7 @@ CheckpointStorage = Annotated[
     Union[  # noqa: UP007 - Annotated tags need the explicit Union
         Annotated[SharedFSStorage, Tag("shared_fs")],
         Annotated[DirectoryStorage, Tag("directory")],
+        Annotated[PartialStorage, Tag(PARTIAL_TAG)],
     ],
     Discriminator(_storage_tag),
 ]
@@ -105,7 +126,15 @@ def check_storage_type(raw: Any, path: list[str | int]) -> None:
     kind = raw.get("type")
     allowed = "expected 'shared_fs' or 'directory'"
     if kind is None:
-        raise custom_error(f"missing required field; {allowed}", [*path, "type"])
+        other = [k for k in raw if k not in GC_FIELDS and k != "type"]
+        if other:
+            raise custom_error(
+                f"missing required field; {allowed} (without a type, checkpoint_storage may set only "
+                + ", ".join(GC_FIELDS)
+                + f", which merge with the master's storage; {other[0]!r} needs a type)",
+                [*path, "type"],
+            )
+        return
     if kind in UNSUPPORTED_STORAGE:
         raise custom_error(
             f"checkpoint storage type {kind!r} is not supported yet; {allowed}", [*path, "type"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,8 +17,9 @@ from hpc_master.db.models import (
     TrialRunModel,
     UserModel,
 )
-from hpc_master.errors import ClientError, ConfigError, PermissionDeniedError
-from hpc_master.expconf import ExperimentConfigError, load_yaml
+from hpc_master.errors import ClientError, PermissionDeniedError
+from hpc_master.expconf.pipeline import load_experiment_config
+from hpc_master.masterconf import MasterConfig
 from hpc_master.services import context as ctx
 from hpc_master.services.common import InvalidTransitionError, get_or_404, record_event
 from hpc_master.services.lifecycle import (
@@ -44,27 +45,14 @@ class ParsedConfig:
     warnings: list[str] = field(default_factory=list)
 
 
-def parse_config(text: str, defaults: Mapping[str, Any] | None = None) -> ParsedConfig:
-    """Validate experiment config YAML with ``hpc_master.expconf`` when it is present, else minimally."""
-    try:
-        # The one loader of configs: duplicate keys refused, size and alias expansion bounded.
-        data = load_yaml(text)
-    except ExperimentConfigError as err:
-        raise ExperimentConfigError(err.message, field=err.field or "config") from None
-    if not isinstance(data, dict):
-        raise ConfigError("the experiment config must be a YAML mapping", field="config")
-    try:
-        from hpc_master.expconf import parse_experiment_config
-    except ImportError:
-        return ParsedConfig(config=data)
-    parsed: Any = parse_experiment_config(data)
-    if defaults is not None:
-        # Phase 2: the master's defaults merged in, completeness checked, and the experiment seed fixed, so
-        # the stored config alone reproduces the search.
-        from hpc_master.expconf import complete_experiment_config
+def parse_config(text: str, master: MasterConfig | None = None) -> ParsedConfig:
+    """The config as it will be stored: through the one pipeline (`expconf.pipeline.load_experiment_config`):
+    strict YAML, the typed model, `master`'s defaults merged and the experiment seed fixed (so the stored config
+    alone reproduces the search), and a dry run of the first trial's job against the target pool.
 
-        parsed = complete_experiment_config(parsed, defaults, defaults_field="master defaults")
-    return ParsedConfig(config=parsed.to_dict(), warnings=list(getattr(parsed, "warnings", [])))
+    `master` None (tests, tools): the built-in master defaults and a stand-in pool."""
+    checked = load_experiment_config(text, master)
+    return ParsedConfig(config=checked.config.to_dict(), warnings=list(checked.warnings))
 
 
 def searcher_metric(config: dict[str, Any]) -> tuple[str | None, bool]:
@@ -89,11 +77,12 @@ def create_experiment(
     activate: bool,
     parent_id: int | None = None,
     validate_only: bool = False,
-    defaults: Mapping[str, Any] | None = None,
+    master: MasterConfig | None = None,
 ) -> tuple[ExperimentModel | None, ParsedConfig]:
-    """`defaults`: the master's experiment defaults (`MasterConfig.experiment_defaults()`)."""
+    """`master`: the master's config, whose defaults and pools the config is completed and dry-run against
+    (see `parse_config`)."""
     principal.require_user()
-    parsed = parse_config(config_text, defaults)
+    parsed = parse_config(config_text, master)
     files = ctx.parse_model_definition(model_definition)
     archive = ctx.pack_context(files)
     if parent_id is not None:

@@ -129,12 +129,14 @@ def test_seed_defaults_to_something() -> None:
         (
             MINIMAL.replace("metric: loss", "metric: loss, max_length: {epochs: 2}"),
             DEFAULTS,
-            "`searcher.max_length`: epochs need records_per_epoch (top-level); set it or use batches",
+            "`records_per_epoch`: missing required field: searcher.max_length is in epochs, which needs "
+            "records_per_epoch (the number of records in one epoch); set it or give the length in batches",
         ),
         (
             MINIMAL + "min_validation_period: {epochs: 1}",
             DEFAULTS,
-            "`min_validation_period`: epochs need records_per_epoch (top-level); set it or use batches",
+            "`records_per_epoch`: missing required field: min_validation_period is in epochs, which needs "
+            "records_per_epoch (the number of records in one epoch); set it or give the length in batches",
         ),
         (
             MINIMAL,
