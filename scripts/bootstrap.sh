@@ -12,6 +12,7 @@ APT_PACKAGES=(
   slurm-wlm slurmdbd mariadb-server munge libpmix2 openmpi-bin libopenmpi-dev iproute2 util-linux passwd
   python3 python3-venv python3-dev build-essential
   postgresql
+  chromium fonts-liberation
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

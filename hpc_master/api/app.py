@@ -18,7 +18,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hpc_master import owner_key
-from hpc_master.api import routes_auth, routes_experiments, routes_harness, routes_trials
+from hpc_master.api import routes_auth, routes_experiments, routes_harness, routes_trials, routes_ui
 from hpc_master.api.deps import AppState, get_principal
 from hpc_master.api.fast_ingest import MetricsFastPath
 from hpc_master.db.engine import make_engine, make_sessionmaker, transaction
@@ -232,9 +232,11 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
     app.router.on_startup.append(app.state.det.start)
     app.router.on_shutdown.append(app.state.det.close)
     install_error_handlers(app)
-    # The harness routes first: the hot metrics route is matched after fewer patterns.
-    for module in (routes_harness, routes_auth, routes_experiments, routes_trials):
+    # The harness routes first: the hot metrics route is matched after fewer patterns. The UI's data
+    # routes before the trials' (``/trials/time-series`` is not ``/trials/{trial_id}``).
+    for module in (routes_harness, routes_ui, routes_auth, routes_experiments, routes_trials):
         app.include_router(module.router)
+    routes_ui.install(app)  # the web UI's pages at /, its assets at /webui/
     app.add_middleware(MetricsFastPath)
     app.add_middleware(BodyLimit)  # outermost: refuses oversize bodies before anything reads them
     return app

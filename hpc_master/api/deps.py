@@ -12,6 +12,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from hpc_master.api import session_cookie
 from hpc_master.api.metrics_writer import MetricsWriter
 from hpc_master.auth import hash_token
 from hpc_master.db.checkpointer import WalCheckpointer, sqlite_file
@@ -84,9 +85,21 @@ def bearer_token(request: Request) -> str:
     return token.strip()
 
 
+def request_token(request: Request) -> str:
+    """The session token: the ``Authorization`` header's, or else the web UI's session cookie (whose
+    state-changing requests must carry the CSRF header, ``session_cookie.check_csrf``)."""
+    if "authorization" in request.headers:
+        return bearer_token(request)
+    token = session_cookie.cookie_token(request)
+    if token is None:
+        raise UnauthenticatedError("missing bearer token (Authorization: Bearer <token>)")
+    session_cookie.check_csrf(request, token)
+    return token
+
+
 async def get_principal(request: Request) -> Principal:
     state = app_state(request)
-    token = bearer_token(request)
+    token = request_token(request)
     cached = state.tokens.get(hash_token(token))
     if cached is not None:
         return cached

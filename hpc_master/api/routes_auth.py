@@ -5,12 +5,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 
 from hpc_master import owner_key
-from hpc_master.api import convert
+from hpc_master.api import convert, session_cookie
 from hpc_master.api.bounds import Id
-from hpc_master.api.deps import State, UserPrincipal, bearer_token
+from hpc_master.api.deps import State, UserPrincipal, request_token
 from hpc_master.api.schemas import LoginRequest, PatchUserRequest, PostUserRequest
 from hpc_master.auth import hash_token
 from hpc_master.db.models import UserModel
@@ -37,8 +37,13 @@ def master_info(state: State) -> dict[str, Any]:
 
 
 @router.post("/auth/login")
-def login(body: LoginRequest, request: Request, state: State) -> dict[str, Any]:
-    """Repeated failures are slowed per (user, address) and per address (``services.throttle``)."""
+def login(
+    body: LoginRequest, request: Request, response: Response, state: State, cookie: bool = False
+) -> dict[str, Any]:
+    """Repeated failures are slowed per (user, address) and per address (``services.throttle``).
+
+    ``cookie=true`` (the web UI): the token goes into an HttpOnly session cookie instead of the answer,
+    which carries the CSRF token to send with state-changing requests (``api.session_cookie``)."""
     ttl = dt.timedelta(hours=state.config.security.token_ttl_hours)
     address = request.client.host if request.client else "unknown"
     state.throttle.check(body.username, address)
@@ -57,13 +62,22 @@ def login(body: LoginRequest, request: Request, state: State) -> dict[str, Any]:
         state.throttle.failed(body.username, address)
         raise
     state.throttle.succeeded(body.username, address)
+    if cookie:
+        answer["csrfToken"] = session_cookie.set_session_cookies(
+            response,
+            str(answer.pop("token")),
+            max_age_s=int(ttl.total_seconds()),
+            secure=bool(state.config.tls.cert),
+        )
     return answer
 
 
 @router.post("/auth/logout")
-def logout(request: Request, principal: UserPrincipal, state: State) -> dict[str, Any]:
+def logout(request: Request, response: Response, principal: UserPrincipal, state: State) -> dict[str, Any]:
     with state.tx() as session:
-        users.logout(session, bearer_token(request), state.tokens)
+        users.logout(session, request_token(request), state.tokens)
+    if session_cookie.cookie_token(request) is not None:
+        session_cookie.clear_session_cookies(response, secure=bool(state.config.tls.cert))
     return {}
 
 
@@ -114,6 +128,6 @@ def patch_user(
             display_name=body.display_name,
             require_passwords=state.config.passwords_required(),
             cache=state.tokens,
-            keep_token_hash=hash_token(bearer_token(request)),
+            keep_token_hash=hash_token(request_token(request)),
         )
         return {"user": convert.user_to_api(user)}

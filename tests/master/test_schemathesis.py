@@ -42,9 +42,13 @@ TAMED: dict[str, dict[str, Any]] = {
     "/api/v1/trials/{trial_id}/logs": {"follow": "false"},
     "/api/v1/allocations/{allocation_id}/signals/preemption": {"timeoutSeconds": 0},
     "/api/v1/trials/{trial_id}/searcher/operation": {"timeoutSeconds": 0},
+    # The web UI's metrics streams send once with periodSeconds=0, and keep sending otherwise.
+    "/api/v1/experiments/{experiment_id}/metrics-stream/metric-names": {"periodSeconds": 0},
+    "/api/v1/experiments/{experiment_id}/metrics-stream/trials-sample": {"periodSeconds": 0},
+    "/api/v1/experiments/{experiment_id}/metrics-stream/trials-snapshot": {"periodSeconds": 0},
 }
 """Query parameters fixed for the routes that would otherwise wait."""
-WAITING_PARAMETERS = {"follow", "timeoutSeconds"}
+WAITING_PARAMETERS = {"follow", "timeoutSeconds", "periodSeconds"}
 
 
 @dataclass

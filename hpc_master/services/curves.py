@@ -1,0 +1,176 @@
+"""Learning curves of whole experiments, downsampled on the server and kept warm between requests.
+
+Each experiment's curves live in an ``ExperimentCurves``: for every (group, metric name) and trial, a
+``MinMaxCurve`` (``services.downsample``). A refresh reads only the metric rows it has not seen (by id), so
+each row is parsed once however often the web UI asks; a page of 1,000 trials × 10,000 points costs a few
+hundred points per trial to serialise, not ten million rows to read.
+
+Ids are not committed in order on PostgreSQL (two transactions may commit out of order), so a refresh re-reads
+the ids of the last ``LAG_IDS`` ids of the experiment and takes any it has not seen; SQLite commits one writer
+at a time, in id order, and the same code is merely exact there.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from sqlalchemy import Text, select, type_coerce
+from sqlalchemy.orm import Session
+
+from hpc_master.db.models import MetricModel, TrialModel
+from hpc_master.services.downsample import MinMaxCurve, Point
+
+LAG_IDS = 5000
+"""How far behind the newest id seen a refresh looks again for rows committed late."""
+KEEP_EXPERIMENTS = 16
+"""Experiments whose curves stay in memory (least recently used dropped first)."""
+BUCKETS_PER_CURVE = 512
+"""Each kept curve holds at most 2 × this many buckets (each a min and a max point)."""
+
+SeriesKey = tuple[str, str]
+"""(group, metric name)."""
+
+
+def numeric_metrics(metrics: Any) -> dict[str, float]:
+    """A report's numbers: Determined's ``{"avgMetrics": {...}, "batchMetrics": [...]}`` or a flat mapping."""
+    avg = metrics.get("avgMetrics", metrics) if isinstance(metrics, dict) else None
+    if not isinstance(avg, dict):
+        return {}
+    return {
+        k: float(v)
+        for k, v in avg.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and isinstance(k, str)
+    }
+
+
+@dataclass
+class ExperimentCurves:
+    experiment_id: int
+    last_id: int = 0
+    recent: set[int] = field(default_factory=set)
+    """Ids seen within ``LAG_IDS`` of ``last_id`` (so a late-committed row is taken once)."""
+    series: dict[SeriesKey, dict[int, MinMaxCurve]] = field(default_factory=dict)
+    changed: dict[tuple[SeriesKey, int], int] = field(default_factory=dict)
+    """(series, trial) → the refresh generation that last added a point to it."""
+    generation: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def refresh(self, transaction: Callable[[], AbstractContextManager[Session]]) -> int:
+        """Read the rows not yet seen; returns the generation now current.
+
+        ``transaction`` opens the short transaction it reads in, once it holds this experiment's lock:
+        the lock is always taken before a database connection, never while holding one, so requests that
+        hold a connection never wait on the lock (with a pool of a few connections, the other order
+        deadlocks)."""
+        with self.lock, transaction() as session:
+            trial_ids = select(TrialModel.id).where(TrialModel.experiment_id == self.experiment_id)
+            columns = (
+                MetricModel.id,
+                MetricModel.trial_id,
+                MetricModel.group,
+                MetricModel.steps_completed,
+                type_coerce(MetricModel.metrics, Text),  # parsed by orjson here, not by the JSON type
+            )
+            in_experiment = MetricModel.trial_id.in_(trial_ids)
+            if self.last_id == 0:  # the first read: every row, no ids kept on the way
+                newest = 0
+                self.generation += 1
+                for row_id, trial_id, group, steps, metrics in session.execute(
+                    select(*columns).where(in_experiment)
+                ):
+                    self._add(trial_id, group, steps, metrics)
+                    newest = max(newest, row_id)
+                if newest:
+                    self.last_id = newest
+                    self.recent = set(
+                        session.scalars(
+                            select(MetricModel.id).where(MetricModel.id > newest - LAG_IDS, in_experiment)
+                        )
+                    )
+                return self.generation
+            floor = max(0, self.last_id - LAG_IDS)
+            ids = sorted(
+                i
+                for i in session.scalars(select(MetricModel.id).where(MetricModel.id > floor, in_experiment))
+                if i not in self.recent
+            )
+            if not ids:
+                return self.generation
+            unseen = set(ids)
+            self.generation += 1
+            for row_id, trial_id, group, steps, metrics in session.execute(
+                select(*columns).where(MetricModel.id >= ids[0], in_experiment)
+            ):
+                if row_id in unseen:
+                    self._add(trial_id, group, steps, metrics)
+            self.last_id = max(self.last_id, ids[-1])
+            cut = self.last_id - LAG_IDS
+            self.recent = {i for i in self.recent if i > cut}
+            self.recent.update(i for i in ids if i > cut)
+            return self.generation
+
+    def _add(self, trial_id: int, group: str, steps: int, metrics: Any) -> None:
+        if isinstance(metrics, str | bytes):
+            metrics = orjson.loads(metrics)
+        for name, value in numeric_metrics(metrics).items():
+            key = (group, name)
+            per_trial = self.series.setdefault(key, {})
+            curve = per_trial.get(trial_id)
+            if curve is None:
+                curve = per_trial[trial_id] = MinMaxCurve(max_buckets=BUCKETS_PER_CURVE)
+            curve.add(int(steps), value)
+            self.changed[(key, trial_id)] = self.generation
+
+    def names(self) -> dict[str, list[str]]:
+        with self.lock:
+            out: dict[str, list[str]] = {}
+            for group, name in sorted(self.series):
+                out.setdefault(group, []).append(name)
+            return out
+
+    def sample(
+        self, group: str, name: str, max_points: int, *, since_generation: int = -1
+    ) -> dict[int, list[Point]]:
+        """Trial id → its downsampled curve, for the trials whose curve changed after ``since_generation``."""
+        with self.lock:
+            key = (group, name)
+            per_trial = self.series.get(key, {})
+            return {
+                trial_id: curve.points(max_points)
+                for trial_id, curve in per_trial.items()
+                if self.changed.get((key, trial_id), 0) > since_generation
+            }
+
+
+class CurveCache:
+    """The master's ``ExperimentCurves``, least recently used dropped beyond ``KEEP_EXPERIMENTS``."""
+
+    def __init__(self, keep: int = KEEP_EXPERIMENTS) -> None:
+        self.keep = keep
+        self._entries: OrderedDict[int, ExperimentCurves] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, experiment_id: int) -> ExperimentCurves:
+        with self._lock:
+            entry = self._entries.get(experiment_id)
+            if entry is None:
+                entry = self._entries[experiment_id] = ExperimentCurves(experiment_id)
+            self._entries.move_to_end(experiment_id)
+            while len(self._entries) > self.keep:
+                self._entries.popitem(last=False)
+            return entry
+
+    def forget(self, experiment_id: int) -> None:
+        with self._lock:
+            self._entries.pop(experiment_id, None)
+
+
+CACHE = CurveCache()
+"""One per process: the curves of experiments are the same whichever app asks (tests build several apps on
+different databases, so routes key it by the app's state; see ``routes_ui``)."""

@@ -1,0 +1,85 @@
+// The router: history-API paths, one page module per route; a page's render() returns its cleanup
+// (timers, streams), run when the page is left.
+import { api, setUnauthenticatedHandler } from "./api.js";
+import { h, replace } from "./dom.js";
+import * as login from "./pages/login.js";
+import * as experiments from "./pages/experiments.js";
+import * as experiment from "./pages/experiment.js";
+import * as trial from "./pages/trial.js";
+import * as cluster from "./pages/cluster.js";
+
+const routes = [
+  [/^\/login$/, login, () => ({})],
+  [/^\/(?:experiments)?$/, experiments, () => ({})],
+  [/^\/experiments\/([^/]+)(?:\/([a-z-]+))?$/, experiment, (m) => ({ id: m[1], tab: m[2] })],
+  [/^\/trials\/([^/]+)(?:\/([a-z-]+))?$/, trial, (m) => ({ id: m[1], tab: m[2] })],
+  [/^\/cluster$/, cluster, () => ({})],
+];
+
+const app = document.getElementById("app");
+const top = document.getElementById("top");
+let cleanup = null;
+let session = null;
+
+export function navigate(path, { replace: replaceState = false } = {}) {
+  if (replaceState) history.replaceState(null, "", path);
+  else history.pushState(null, "", path);
+  route();
+}
+
+function toLogin() {
+  session = null;
+  if (location.pathname !== "/login") {
+    const next = location.pathname + location.search;
+    navigate(`/login${next && next !== "/" ? `?next=${encodeURIComponent(next)}` : ""}`, { replace: true });
+  }
+}
+setUnauthenticatedHandler(toLogin);
+
+function header() {
+  if (!session) return replace(top, h("span", { class: "brand" }, "hpc-det"));
+  const here = location.pathname;
+  const nav = (href, label, match) => h("a", { href, "data-nav": "", class: match.test(here) ? "active" : "" }, label);
+  replace(top,
+    h("a", { href: "/experiments", "data-nav": "", class: "brand" }, "hpc-det"),
+    nav("/experiments", "Experiments", /^\/(experiments|trials|$)/),
+    nav("/cluster", "Cluster", /^\/cluster/),
+    h("span", { class: "spacer" }),
+    h("span", { id: "whoami" }, session.user.username, session.user.admin ? " (admin)" : ""),
+    h("button", { class: "small", id: "logout", onclick: logout }, "Log out"));
+}
+
+async function logout() {
+  try { await api("/auth/logout", { method: "POST" }); } catch { /* an expired session: nothing to end */ }
+  session = null;
+  navigate("/login", { replace: true });
+}
+
+export function currentUser() { return session && session.user; }
+
+async function route() {
+  if (cleanup) { try { cleanup(); } catch (e) { console.warn(e); } cleanup = null; }
+  const path = location.pathname.replace(/\/+$/, "") || "/";
+  const found = routes.map(([re, page, params]) => { const m = path.match(re); return m && { page, params: params(m) }; }).find(Boolean);
+  if (!found) {
+    header();
+    replace(app, h("div", { class: "notfound" }, h("h1", {}, "Page not found"), h("p", {}, `There is no page at ${path}.`), h("p", {}, h("a", { href: "/experiments", "data-nav": "" }, "Go to the experiments"))));
+    return;
+  }
+  if (found.page !== login && !session) {
+    try { session = await api("/webui/session"); } catch { toLogin(); return; }
+  }
+  header();
+  replace(app);
+  cleanup = found.page.render(app, found.params, { session, navigate, onLogin: (s) => { session = s; } }) || null;
+}
+
+document.addEventListener("click", (ev) => {
+  const a = ev.target.closest("a[data-nav]");
+  if (!a || ev.ctrlKey || ev.metaKey || ev.shiftKey || ev.button !== 0) return;
+  ev.preventDefault();
+  navigate(a.getAttribute("href"));
+});
+window.addEventListener("popstate", route);
+window.addEventListener("DOMContentLoaded", route);
+if (document.readyState !== "loading") route();

@@ -1,0 +1,33 @@
+import { api, ApiError } from "../api.js";
+import { h } from "../dom.js";
+
+export function render(root, _params, { navigate, onLogin }) {
+  const error = h("p", { class: "error", role: "alert" });
+  const username = h("input", { name: "username", autocomplete: "username", required: true, autofocus: true });
+  const password = h("input", { name: "password", type: "password", autocomplete: "current-password" });
+  const submit = h("button", { class: "primary", type: "submit" }, "Log in");
+  const form = h("form", { onsubmit: async (ev) => {
+    ev.preventDefault();
+    error.textContent = "";
+    submit.disabled = true;
+    try {
+      await api("/auth/login", { method: "POST", params: { cookie: "true" }, body: { username: username.value, password: password.value } });
+      onLogin(await api("/webui/session"));
+      const next = new URLSearchParams(location.search).get("next");
+      navigate(next && next.startsWith("/") && !next.startsWith("//") ? next : "/experiments", { replace: true });
+    } catch (e) {
+      error.textContent = e instanceof ApiError && e.status === 429
+        ? "Too many failed attempts: wait a little and try again."
+        : e.message;
+    } finally {
+      submit.disabled = false;
+    }
+  } },
+    h("h1", {}, "Log in to hpc-det"),
+    h("label", {}, "User", username),
+    h("label", {}, "Password", password),
+    submit, error,
+    h("p", { class: "note" }, "A personal master's users without a password log in from the CLI only (it sends the owner's key). ",
+      "To use the browser, give yourself a password: ", h("code", {}, "det user change-password")));
+  root.append(h("div", { class: "login panel" }, form));
+}
