@@ -1,4 +1,6 @@
-"""``single``: one trial with the given hyperparameters, trained to ``max_length``.
+"""``single``: one trial with the given hyperparameters, trained to ``max_length``, or, without one
+(Determined 0.38: ``searcher: {name: single, metric: x}``), until its script ends: the trial gets no
+``ValidateAfter``, and its exit closes the search.
 
 As in Determined it is random search with ``max_trials: 1`` and ``max_concurrent_trials: 1``, except
 that a trial exiting with ``INVALID_HP`` is not replaced (there is nothing else to try).

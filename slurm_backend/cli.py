@@ -1,6 +1,15 @@
 """Runs the Slurm commands: argv lists only (never a shell), timeouts, retries on transient controller errors.
 
-`SlurmCli` is the only place a Slurm binary is executed. Tests inject a `Runner` to fake or count calls.
+`SlurmCli` is the only place a Slurm binary is executed. Tests inject a `Runner` to fake or count calls
+(`slurm_backend.fake.FakeCluster` is a scripted cluster at that boundary).
+
+Slurm says "wait" more often than "no". What a failed command means:
+- the controller did not answer (down, restarting, overloaded): `SlurmUnavailableError`, wait and ask again;
+- `sbatch` refused for a *submit-count* limit (MaxSubmitJobs, GrpSubmitJobs, a QOS's MaxSubmitJobsPerUser):
+  `SubmitLimitError`, submit again when some of the user's jobs have ended;
+- `sbatch` refused for what the job asks (a partition, account or QOS that does not exist, a per-job limit
+  with DenyOnLimit): `SubmitRefusedError`, retrying cannot help;
+- anything else: `SlurmError`.
 """
 
 from __future__ import annotations
@@ -8,9 +17,12 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+import re
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from hpc_master.errors import ClientError, ConfigError, SlurmError
@@ -44,12 +56,22 @@ SUBMIT_REFUSALS = (
     "Invalid feature specification",
     "Invalid generic resource (gres) specification",
     "Requested time limit is invalid",
-    "Job violates accounting/QOS policy",
     "More processors requested than permitted",
     "Node count specification invalid",
     "Requested partition configuration not available now",
     "Access/permission denied",
+    "Invalid node name specified",
+    "Invalid account or account/partition combination specified",  # no association (limits enforced)
 )
+# ESLURM_ACCOUNTING_POLICY, for submit-count limits and for per-job limits with DenyOnLimit alike. Slurm
+# 22.05's sbatch names the limit on the line before (tests/unit/captured/sbatch_refusals.txt):
+#   sbatch: error: AssocMaxSubmitJobLimit
+#   sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, ...)
+ACCOUNTING_POLICY = "Job violates accounting/QOS policy"
+# The named limits that free up as the user's (or account's) jobs end: AssocMaxSubmitJobLimit,
+# AssocGrpSubmitJobsLimit, QOSMaxSubmitJobPerUserLimit, QOSMaxSubmitJobPerAccountLimit, QOSGrpSubmitJobsLimit.
+SUBMIT_LIMIT_REASON = re.compile(r"^(Assoc|QOS)\w*Submit\w*Limit$")
+_LIMIT_NAME = re.compile(r"^sbatch: error: ((?:Assoc|QOS)\w+)\s*$", re.MULTILINE)
 # Environment passed to Slurm commands: the master's own environment (database URL, tokens) must not leak into
 # users' jobs, which inherit sbatch's environment.
 SAFE_ENV_KEYS = (
@@ -73,6 +95,39 @@ class SubmitRefusedError(ClientError):
     def __init__(self, message: str, *, stderr: str) -> None:
         super().__init__(message, field="slurm")
         self.stderr = stderr
+
+
+class SlurmUnavailableError(SlurmError):
+    """The controller did not answer (down, restarting, or too busy), even after retries: ask again later.
+
+    `ambiguous`: a submission may have reached the controller before the answer was lost, so the job may
+    exist; find it by its comment before submitting again.
+    """
+
+    def __init__(
+        self, message: str, *, command: list[str] | None = None, stderr: str = "", ambiguous: bool = False
+    ) -> None:
+        super().__init__(message, command=command, stderr=stderr)
+        self.ambiguous = ambiguous
+
+
+class SubmitLimitError(SlurmError):
+    """sbatch refused the job for a submit-count limit (`reason`, e.g. AssocMaxSubmitJobLimit): the same job
+    is accepted once some of the user's jobs have ended. Wait; never fail the trial for it."""
+
+    def __init__(self, message: str, *, reason: str, stderr: str, command: list[str] | None = None) -> None:
+        super().__init__(message, command=command, stderr=stderr)
+        self.reason = reason
+
+
+def classify_policy_refusal(stderr: str) -> str | None:
+    """The limit behind an "accounting/QOS policy" refusal when it is a submit-count limit (or unnamed, as
+    older Slurm prints it), else None: a named per-job limit (QOSMaxWallDurationPerJobLimit, ...) never
+    frees up by waiting."""
+    named = _LIMIT_NAME.findall(stderr)
+    if not named:
+        return "AccountingPolicy"
+    return next((n for n in named if SUBMIT_LIMIT_REASON.match(n)), None)
 
 
 @dataclass(frozen=True)
@@ -122,6 +177,21 @@ class SlurmCli:
         self.retries = retries
         self.backoff_s = backoff_s
         self.sleep = sleep
+        self._local = threading.local()
+
+    @contextmanager
+    def retries_at_most(self, retries: int) -> Iterator[None]:
+        """In this thread, retry transient failures at most `retries` times: for callers with a backoff of
+        their own (the poller, the job driver). A Slurm command already retries internally while the
+        controller does not answer (squeue for 18 s, sbatch for 9 s), so three more tries kept the
+        lifecycle loop away from its other work for over a minute per command."""
+        local = self.__dict__.setdefault("_local", threading.local())
+        previous = getattr(local, "cap", None)
+        local.cap = retries if previous is None else min(previous, retries)
+        try:
+            yield
+        finally:
+            local.cap = previous
 
     # -- plumbing --------------------------------------------------------------------------------------------
 
@@ -139,7 +209,9 @@ class SlurmCli:
         """
         argv = list(argv)
         env = _command_env()
-        attempts = 1 + (self.retries if retry else 0)
+        cap = getattr(self.__dict__.get("_local"), "cap", None)
+        retries = self.retries if cap is None else min(self.retries, cap)
+        attempts = 1 + (retries if retry else 0)
         last = ""
         for attempt in range(attempts):
             try:
@@ -158,7 +230,15 @@ class SlurmCli:
             delay = self.backoff_s * 2**attempt
             log.warning("%s failed transiently (%s); retrying in %.1f s", argv[0], last, delay)
             self.sleep(delay)
-        raise SlurmError(f"{' '.join(argv[:2])} failed: {last}", command=argv, stderr=last)
+        message = f"{' '.join(argv[:2])} failed: {last}"
+        if is_transient(last):
+            raise SlurmUnavailableError(
+                message,
+                command=argv,
+                stderr=last,
+                ambiguous=any(m in last for m in AMBIGUOUS_SUBMIT_ERRORS),
+            )
+        raise SlurmError(message, command=argv, stderr=last)
 
     # -- commands --------------------------------------------------------------------------------------------
 
@@ -168,19 +248,36 @@ class SlurmCli:
         `as_user`: the Unix account the job runs as. When it is not the master's own account the master must be
         root and submits with `runuser -u USER -- sbatch`. A submission that failed ambiguously (the controller
         may have accepted it) is not retried blindly: the caller reconciles by comment (see `find_by_comment`).
+
+        Raises `SlurmUnavailableError` (ask again later), `SubmitLimitError` (submit again as jobs end),
+        `SubmitRefusedError` (never) or `SlurmError`.
         """
         argv = [*_as_user_prefix(as_user), "sbatch", "--parsable"]
         try:
             result = self.run(argv, stdin=script_text, retry=False)
+        except SlurmUnavailableError as e:
+            if e.ambiguous:
+                raise
+            result = self.run(argv, stdin=script_text)  # never reached the controller: safe to retry
         except SlurmError as e:
-            if is_transient(e.stderr) and not any(m in e.stderr for m in AMBIGUOUS_SUBMIT_ERRORS):
-                result = self.run(argv, stdin=script_text)  # never reached the controller: safe to retry
-            elif any(m in e.stderr for m in SUBMIT_REFUSALS):
+            if ACCOUNTING_POLICY in e.stderr:
+                limit = classify_policy_refusal(e.stderr)
+                if limit is not None:
+                    raise SubmitLimitError(
+                        f"Slurm holds off more jobs for now ({limit}): {_last_error_line(e.stderr)}",
+                        reason=limit,
+                        stderr=e.stderr,
+                        command=argv,
+                    ) from e
+                named = ", ".join(_LIMIT_NAME.findall(e.stderr))
+                raise SubmitRefusedError(
+                    f"Slurm refused the job ({named}): {_last_error_line(e.stderr)}", stderr=e.stderr
+                ) from e
+            if any(m in e.stderr for m in SUBMIT_REFUSALS):
                 raise SubmitRefusedError(
                     f"Slurm refused the job: {_last_error_line(e.stderr)}", stderr=e.stderr
                 ) from e
-            else:
-                raise
+            raise
         return parse.parse_sbatch_parsable(result.stdout)
 
     def cancel(self, job_id: str, *, signal: str | None = None) -> None:
@@ -235,16 +332,19 @@ class SlurmCli:
 
     def find_by_comment(self, comment: str, *, user: str | None = None) -> list[str]:
         """Ids of jobs Slurm still knows whose comment is exactly `comment` (reconciling a lost submit)."""
+        return self.jobs_by_comment(user=user).get(comment, [])
+
+    def jobs_by_comment(self, *, user: str | None = None) -> dict[str, list[str]]:
+        """Comment → ids of the jobs Slurm still knows (of `user`), in one squeue call."""
         argv = ["squeue", "--noheader", "--states=all", "--format=%A|%k"]
         if user:
             argv.append(f"--user={user}")
         out = self.run(argv).stdout
-        ids = []
+        found: dict[str, list[str]] = {}
         for line in out.splitlines():
             job_id, _, job_comment = line.partition("|")
-            if job_comment == comment:
-                ids.append(job_id.strip())
-        return ids
+            found.setdefault(job_comment, []).append(job_id.strip())
+        return found
 
 
 def _last_error_line(stderr: str) -> str:

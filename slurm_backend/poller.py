@@ -7,6 +7,12 @@ asked for again. When a Slurm command fails, the poller keeps its last answers a
 
 Thread-safe: one lock guards the watch list and the cache, and polls are serialised (a second caller waits and
 then gets the fresh answer or, within the interval, the cached one).
+
+A job is *lost* only when Slurm's answers say so for a while: missing from every successful `squeue` answer for
+`lost_after_s` (and at least `lost_after_polls` answers), with no accounting record of its end. A failed poll
+(the controller not answering) restarts that count for every job, so nothing is declared lost while the
+controller is down or in the first `lost_after_s` after it came back (a restarted slurmctld recovers its jobs
+from its saved state, and nodes report theirs as they register again).
 """
 
 from __future__ import annotations
@@ -29,25 +35,31 @@ class Poller:
         cli: SlurmCli,
         interval_s: float = 10.0,
         *,
-        max_backoff_s: float = 300.0,
+        max_backoff_s: float = 60.0,
+        lost_after_s: float = 120.0,
+        lost_after_polls: int = 3,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cli = cli
         self.interval_s = interval_s
         self.max_backoff_s = max_backoff_s
+        self.lost_after_s = lost_after_s
+        self.lost_after_polls = lost_after_polls
         self.clock = clock
         self._lock = threading.Lock()
         self._watched: set[str] = set()
         self._latest: dict[str, JobStatus] = {}
         self._terminal: dict[str, JobStatus] = {}
+        self._missing: dict[str, tuple[float, int]] = {}  # job id → (first missed at, answers missing it)
         self._next_poll_at = float("-inf")
         self.consecutive_failures = 0
         self.last_error: SlurmError | None = None
 
     def watch(self, job_id: str) -> None:
         with self._lock:
-            self._watched.add(str(job_id))
-            self._next_poll_at = min(self._next_poll_at, self.clock())  # learn about new jobs promptly
+            if str(job_id) not in self._watched:
+                self._watched.add(str(job_id))
+                self._next_poll_at = min(self._next_poll_at, self.clock())  # learn about new jobs promptly
 
     def watch_all(self, job_ids: Iterable[str]) -> None:
         for job_id in job_ids:
@@ -58,6 +70,7 @@ class Poller:
             self._watched.discard(str(job_id))
             self._latest.pop(str(job_id), None)
             self._terminal.pop(str(job_id), None)
+            self._missing.pop(str(job_id), None)
 
     def status(self, job_id: str) -> JobStatus | None:
         with self._lock:
@@ -69,10 +82,12 @@ class Poller:
             now = self.clock()
             if force or now >= self._next_poll_at:
                 try:
-                    self._refresh()
+                    with self.cli.retries_at_most(0):  # the backoff below is the retry
+                        self._refresh()
                 except SlurmError as e:
                     self.consecutive_failures += 1
                     self.last_error = e
+                    self._missing.clear()  # no answer says anything about a job: start counting again
                     delay = min(self.interval_s * 2**self.consecutive_failures, self.max_backoff_s)
                     log.warning("polling Slurm failed (%s); next try in %.0f s", e, delay)
                     self._next_poll_at = now + delay
@@ -95,27 +110,51 @@ class Poller:
             if j not in seen or (seen[j].is_terminal and seen[j].outcome is not Outcome.UNSCHEDULABLE)
         ]
         final = self._final_statuses(ended, seen) if ended else {}
+        now = self.clock()
         for job_id in live:
-            status = final.get(job_id) or seen.get(job_id)
-            if status is None:
-                previous = self._latest.get(job_id)
-                status = JobStatus(
-                    job_id=job_id,
-                    outcome=Outcome.UNKNOWN,
-                    slurm_state=previous.slurm_state if previous else "",
-                    reason="Slurm no longer knows this job and keeps no accounting record of it",
-                    node_list=previous.node_list if previous else "",
-                    source="poller",
-                )
+            answer = final.get(job_id) or seen.get(job_id)
+            if answer is not None and (job_id in seen or answer.is_terminal):
+                self._missing.pop(job_id, None)
+                status = answer
+            else:
+                # Not in squeue's answer, and no record of its end: missing (sacct may still say RUNNING).
+                status = self._missing_status(job_id, answer, now)
             if status.is_terminal:
                 self._terminal[job_id] = status
                 self._latest.pop(job_id, None)
             else:
                 self._latest[job_id] = status
 
+    def _missing_status(self, job_id: str, accounted: JobStatus | None, now: float) -> JobStatus:
+        since, answers = self._missing.get(job_id, (now, 0))
+        answers += 1
+        self._missing[job_id] = (since, answers)
+        previous = accounted or self._latest.get(job_id)
+        lost = now - since >= self.lost_after_s and answers >= self.lost_after_polls
+        if lost:
+            reason = (
+                f"Slurm no longer knows this job: missing from squeue for {now - since:.0f} s "
+                f"({answers} answers) with no accounting record of its end"
+            )
+        else:
+            reason = "missing from squeue; waiting for Slurm's accounting or a grace period"
+        return JobStatus(
+            job_id=job_id,
+            outcome=Outcome.LOST if lost else Outcome.UNKNOWN,
+            slurm_state=previous.slurm_state if previous else "",
+            reason=reason,
+            node_list=previous.node_list if previous else "",
+            start_time=previous.start_time if previous else None,
+            source="poller",
+        )
+
     def _final_statuses(self, ended: list[str], seen: dict[str, JobStatus]) -> dict[str, JobStatus]:
         """Exit codes and authoritative end states: one sacct call; scontrol only without accounting."""
-        accounted = self.cli.sacct(ended)
+        try:
+            accounted = self.cli.sacct(ended)
+        except SlurmError as e:  # slurmdbd down: squeue's (or scontrol's) word, or wait
+            log.warning("sacct failed (%s); using what squeue says", e)
+            accounted = None
         out: dict[str, JobStatus] = {}
         for job_id in ended:
             acct = accounted.get(job_id) if accounted is not None else None

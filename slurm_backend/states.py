@@ -27,7 +27,8 @@ class Outcome(enum.StrEnum):
     OOM = "OOM"
     CANCELLED = "CANCELLED"
     UNSCHEDULABLE = "UNSCHEDULABLE"  # pending for a reason that never resolves on its own
-    UNKNOWN = "UNKNOWN"  # a state this table does not know, or a job neither squeue nor sacct knows
+    UNKNOWN = "UNKNOWN"  # a state this table does not know, or a job briefly missing from squeue
+    LOST = "LOST"  # missing from squeue for longer than the poller's grace period, with no record of its end
 
     @property
     def is_terminal(self) -> bool:

@@ -100,6 +100,11 @@ def run_to_api(run: TrialRunModel) -> dict[str, Any]:
         "submitTime": iso(run.submit_time),
         "startTime": iso(run.start_time),
         "endTime": iso(run.end_time),
+        # Why a PENDING run waits (Slurm's pending reason, or the master's before sbatch) and since when;
+        # waitingIn: "slurm" (submitted, pending there) or "master" (held back: a submit limit, no controller).
+        "pendingReason": run.pending_reason,
+        "pendingSince": iso(run.pending_since),
+        "waitingIn": (("slurm" if run.slurm_job_id else "master") if run.state == "PENDING" else None),
     }
 
 

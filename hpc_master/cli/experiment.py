@@ -302,7 +302,29 @@ def _describe(args: argparse.Namespace) -> int:
     )
     print()
     print_table(TRIAL_HEADERS, [trial_row(t) for t in trials])
+    waiting = _waiting_trials(session, trials)
+    if waiting:
+        print()
+        print("Waiting:")
+        for trial_id, text in waiting:
+            print(f"  trial {trial_id}: {text}")
     return 0
+
+
+WAITING_SHOWN = 50
+"""`e describe` asks for the runs of at most this many active trials, to say why they wait."""
+
+
+def _waiting_trials(session: Session, trials: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    from hpc_master.cli.trial import waiting_text
+
+    out: list[tuple[int, str]] = []
+    for t in [t for t in trials if state(t.get("state")) == "ACTIVE"][:WAITING_SHOWN]:
+        runs = session.call("GET", f"/api/v1/trials/{t['id']}")["trial"].get("runs") or []
+        text = waiting_text(runs[-1]) if runs else None
+        if text:
+            out.append((int(t["id"]), text))
+    return out
 
 
 def _list_trials(args: argparse.Namespace) -> int:

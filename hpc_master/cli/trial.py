@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 from typing import Any
 
 from hpc_master.cli import _follow
@@ -31,6 +32,54 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = trial_sub.add_parser("kill", help="kill a trial (its Slurm job is cancelled)")
     p.add_argument("trial_id", metavar="ID", type=int)
     p.set_defaults(func=_kill)
+
+
+# Slurm's pending reasons (and the master's own, before sbatch) that users meet most, in words.
+PENDING_REASONS = {
+    "Priority": "jobs with a higher priority come first",
+    "Resources": "waiting for nodes, GPUs, CPUs or memory to free up",
+    "ReqNodeNotAvail": "a node it needs is down, drained or reserved",
+    "QOSMaxJobsPerUserLimit": "the QOS's limit on your running jobs; it starts when one of them ends",
+    "AssocMaxJobsLimit": "your account's limit on running jobs; it starts when one of them ends",
+    "QOSGrpGRES": "the QOS's limit on GPUs in use",
+    "AssocGrpGRES": "the account's limit on GPUs in use",
+    "JobHeldUser": "held by its owner (scontrol release)",
+    "JobHeldAdmin": "held by an administrator",
+    "PartitionDown": "the partition is down",
+    "BeginTime": "its start time has not come yet",
+    "Dependency": "waiting for the jobs it depends on",
+    "SlurmControllerUnavailable": "slurmctld does not answer; the master submits it when it does",
+}
+SUBMIT_LIMIT_TEXT = "Slurm's limit on your submitted jobs; the master submits it when one of them ends"
+
+
+def waiting_text(run: dict[str, Any], now: dt.datetime | None = None) -> str | None:
+    """`in Slurm since 2026-11-24T07:00:00Z (3m12s): QOSMaxJobsPerUserLimit (…in words)`, for a run that
+    waits; None otherwise."""
+    where = run.get("waitingIn")
+    reason = run.get("pendingReason")
+    if not where or not reason:
+        return None
+    head = reason.split(",", 1)[0]
+    words = PENDING_REASONS.get(head) or (SUBMIT_LIMIT_TEXT if "Submit" in head else None)
+    since = run.get("pendingSince")
+    text = "in Slurm" if where == "slurm" else "in the master (not submitted yet)"
+    if since:
+        try:
+            start = dt.datetime.fromisoformat(str(since).replace("Z", "+00:00"))
+        except ValueError:
+            text += f" since {since}"
+        else:
+            seconds = int(((now or dt.datetime.now(dt.UTC)) - start).total_seconds())
+            text += f" since {start:%Y-%m-%d %H:%M:%S}Z ({_duration(max(seconds, 0))})"
+    text += f": {reason}"
+    return f"{text} ({words})" if words else text
+
+
+def _duration(seconds: int) -> str:
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def _metrics_rows(metrics: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
@@ -67,6 +116,7 @@ def _describe(args: argparse.Namespace) -> int:
                 ("Start time", trial.get("startTime")),
                 ("End time", trial.get("endTime")),
                 ("Message", trial.get("exitMessage")),
+                *_waiting_pair(trial.get("runs") or []),
             ]
         )
     )
@@ -86,6 +136,11 @@ def _describe(args: argparse.Namespace) -> int:
         headers, rows = _metrics_rows(metrics)
         print_table(headers, rows)
     return 0
+
+
+def _waiting_pair(runs: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    text = waiting_text(runs[-1]) if runs else None
+    return [("Waiting", text)] if text else []
 
 
 def _logs(args: argparse.Namespace) -> int:

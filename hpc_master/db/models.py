@@ -171,6 +171,11 @@ class TrialRunModel(Base):
     submit_time: Mapped[dt.datetime] = mapped_column(default=utcnow)
     start_time: Mapped[dt.datetime | None] = mapped_column(nullable=True)
     end_time: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    pending_reason: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    """Why a PENDING run waits: Slurm's pending reason (Priority, Resources, QOSMaxJobsPerUserLimit, ...) once
+    it has a job, or why the master holds it back before sbatch (AssocMaxSubmitJobLimit, SlurmUnavailable)."""
+    pending_since: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    """When the master first saw `pending_reason` (Slurm does not say since when a reason holds)."""
 
 
 class MetricModel(Base):

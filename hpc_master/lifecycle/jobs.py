@@ -3,6 +3,19 @@
 Every step is load → act → apply: read what is needed in one short transaction, run Slurm commands and
 write files with no transaction open, then apply the result in a second short transaction through the
 `hpc_master.services.lifecycle` choke points. Nothing here holds a transaction across a Slurm call.
+
+Slurm says "wait" more often than "no". A run whose job Slurm will take later waits *in the master*: it stays
+PENDING with no job id and a `pending_reason`, and is submitted again (the same run, the same job script) when
+that may succeed:
+- sbatch refused for a submit-count limit (`SubmitLimitError`: AssocMaxSubmitJobLimit, QOS...SubmitJob...):
+  once one of the master's jobs has ended, or after `limit_retry_s` (the user's other jobs may end too);
+- the controller does not answer (`SlurmUnavailableError`): after a backoff (5 s doubling to 60 s), and not
+  while the poller's last try failed the same way; no scancel is tried meanwhile either;
+- an answer that may have been lost after the controller created the job ("Socket timed out"), or a master
+  restarted between allocating a run and recording its job id: the job is looked for by its comment first,
+  and adopted when found.
+Only sbatch's refusals of what the job asks (`SubmitRefusedError`) fail the trial; only the poller (sacct, or
+a job missing from squeue past its grace period) makes a submitted job lost.
 """
 
 from __future__ import annotations
@@ -12,7 +25,8 @@ import logging
 import os
 import pwd
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +42,15 @@ from hpc_master.errors import ClientError, SlurmError
 from hpc_master.expconf import ExperimentConfig, parse_experiment_config
 from hpc_master.lifecycle.configs import LEAN_EXPERIMENT, ConfigKey, DerivedConfigs, config_key
 from hpc_master.lifecycle.outcomes import RunContext, classify, describe
+from hpc_master.lifecycle.waiting import (
+    SLURM_UNAVAILABLE,
+    Prepared,
+    SubmitGate,
+    Waiting,
+    list_waiting,
+    pending_reasons,
+    write_pending_reason,
+)
 from hpc_master.masterconf import MasterConfig
 from hpc_master.paths import get_checkpoint_root, get_job_storage_root
 from hpc_master.services import lifecycle as svc
@@ -37,11 +60,13 @@ from hpc_master.trialjob import (
     JobPaths,
     TrialJobInputs,
     build_trial_job,
+    job_comment,
     pool_from_master_config,
     run_dirs,
 )
 from hpc_master.trialjob_files import write_run_dir
 from slurm_backend import JobStatus, Outcome, Poller, SlurmCli
+from slurm_backend.cli import SlurmUnavailableError, SubmitLimitError
 
 log = logging.getLogger(__name__)
 PLATFORM_ROOT = str(Path(hpc_master.__file__).resolve().parents[1])
@@ -111,6 +136,8 @@ class JobDriver:
         *,
         python: str | None = None,
         cluster_id: str = "hpc-det",
+        limit_retry_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sessions = sessions
         self.config = config
@@ -123,6 +150,8 @@ class JobDriver:
         self.running_as_root = os.geteuid() == 0
         self.configs: DerivedConfigs[ExperimentConfig] = DerivedConfigs(parse_experiment_config)
         """Parsed configs by experiment: a grid of thousands of trials decodes its config once."""
+        self.gate = SubmitGate(poller, limit_retry_s=limit_retry_s, clock=clock)
+        self._prepared: dict[int, Prepared] = {}
 
     @contextmanager
     def _tx(self) -> Iterator[Session]:
@@ -131,52 +160,127 @@ class JobDriver:
 
     # ---- submit ---------------------------------------------------------------------------------------
     def submit_pending(self) -> int:
-        """Submit every trial that wants a job. One trial's failure never stops the others: `_submit` fails
-        that trial with the reason, and anything else (the database busy, say) is retried next tick."""
+        """Submit the runs waiting in the master (oldest first), then every trial that wants a job. One
+        trial's failure never stops the others: a refusal fails that trial with the reason, and anything
+        else (the database busy, say) is retried next tick. Returns how many jobs were submitted."""
         with self._tx() as s:
+            waiting = list_waiting(s)
             todo = [t.id for t in svc.list_trials_to_submit(s)]
         submitted = 0
+        known = self._jobs_by_comment(waiting)
+        for run in waiting:
+            try:
+                submitted += self._submit_waiting(run, known)
+            except Exception:
+                log.exception(
+                    "submitting trial %s run %s failed; retried next tick", run.trial_id, run.run_number
+                )
         for trial_id in todo:
             try:
                 sub = self._allocate(trial_id)
-                if sub is not None and self._submit(sub):
-                    submitted += 1
+                prepared = self._prepare(sub) if sub is not None else None
+                if prepared is not None:
+                    submitted += self._try_sbatch(prepared)
             except Exception:
                 log.exception("submitting trial %s failed; retried next tick", trial_id)
         return submitted
+
+    def slurm_unavailable(self) -> bool:
+        return self.gate.slurm_unavailable()
+
+    def _needs_check(self, run: Waiting) -> bool:
+        """Whether the run's job may exist: the master restarted before recording its job id (nothing of
+        it in memory), or an sbatch answer was lost."""
+        prepared = self._prepared.get(run.run_id)
+        return prepared is None or prepared.check_comment
+
+    def _jobs_by_comment(self, waiting: list[Waiting]) -> dict[str | None, dict[str, list[str]]] | None:
+        """Slurm's jobs by comment, one squeue per Unix account of the runs that need a look; None when the
+        controller does not answer (those runs wait)."""
+        users = {
+            run.owner_unix if self.running_as_root else None for run in waiting if self._needs_check(run)
+        }
+        if not users or self.slurm_unavailable():
+            return None if users else {}
+        known: dict[str | None, dict[str, list[str]]] = {}
+        try:
+            with self.cli.retries_at_most(0):  # our backoff is the retry
+                for user in users:
+                    known[user] = self.cli.jobs_by_comment(user=user)
+        except SlurmUnavailableError as e:
+            self.gate.note_unavailable(e)
+            return None
+        return known
+
+    def _submit_waiting(self, run: Waiting, known: dict[str | None, dict[str, list[str]]] | None) -> int:
+        prepared = self._prepared.get(run.run_id)
+        if self._needs_check(run):
+            user = run.owner_unix if self.running_as_root else None
+            if known is None or user not in known:
+                self._set_pending_reason(run.run_id, SLURM_UNAVAILABLE, run.pending_reason)
+                return 0
+            comment = job_comment(self.cluster_id, run.experiment_id, run.trial_id, run.run_number)
+            found = known[user].get(comment)
+            if found:
+                log.info("adopted Slurm job %s for trial %s run %s", found[0], run.trial_id, run.run_number)
+                self._record_job(run.run_id, found[0], prepared.output_path if prepared else None)
+                return 0
+            if prepared is not None:
+                prepared.check_comment = False
+        if not run.submittable:
+            self._finish_unsubmitted(run)
+            return 0
+        if prepared is None:
+            sub = self._reload(run.run_id)
+            prepared = self._prepare(sub) if sub is not None else None
+            if prepared is None:
+                return 0
+        return self._try_sbatch(prepared, run.pending_reason)
 
     def _allocate(self, trial_id: int) -> _Submission | None:
         try:
             with self._tx() as s:
                 trial = s.get(TrialModel, trial_id)
-                if trial is None or (trial.searcher_op_length is None and not trial.searcher_done):
-                    return None  # the searcher has not said how far to train yet
-                exp = s.get(ExperimentModel, trial.experiment_id, options=LEAN_EXPERIMENT)
-                owner = s.get(UserModel, exp.owner_id) if exp else None
-                if exp is None or owner is None:
+                if trial is None:  # no length from the searcher is fine: the script decides (0.38)
                     return None
                 run = svc.allocate_trial_run(s, trial_id)
-                key = config_key(exp)
-                return _Submission(
-                    run_id=run.id,
-                    run_number=run.run_number,
-                    trial_id=trial.id,
-                    experiment_id=exp.id,
-                    config_key=key,
-                    config=None if self.configs.peek(key) is not None else dict(exp.config),
-                    hparams=dict(trial.hparams),
-                    seed=int(trial.seed),
-                    request_id=trial.request_id,
-                    latest_checkpoint=trial.latest_checkpoint,
-                    steps_completed=int(trial.steps_completed),
-                    owner_unix=owner.unix_username,
-                    owner_name=owner.username,
-                    has_context=_has_context(s, exp.id),
-                    token=svc.mint_trial_token(s, trial.id),
-                )
+                return self._submission(s, trial, run)
         except InvalidTransitionError as e:
             log.debug("not submitting trial %s: %s", trial_id, e)
             return None
+
+    def _reload(self, run_id: int) -> _Submission | None:
+        """The submission of a run allocated earlier (before a master restart): a new trial token."""
+        with self._tx() as s:
+            run = s.get(TrialRunModel, run_id)
+            trial = s.get(TrialModel, run.trial_id) if run is not None else None
+            if run is None or trial is None or run.slurm_job_id is not None:
+                return None
+            return self._submission(s, trial, run)
+
+    def _submission(self, s: Session, trial: TrialModel, run: TrialRunModel) -> _Submission | None:
+        exp = s.get(ExperimentModel, trial.experiment_id, options=LEAN_EXPERIMENT)
+        owner = s.get(UserModel, exp.owner_id) if exp else None
+        if exp is None or owner is None:
+            return None
+        key = config_key(exp)
+        return _Submission(
+            run_id=run.id,
+            run_number=run.run_number,
+            trial_id=trial.id,
+            experiment_id=exp.id,
+            config_key=key,
+            config=None if self.configs.peek(key) is not None else dict(exp.config),
+            hparams=dict(trial.hparams),
+            seed=int(trial.seed),
+            request_id=trial.request_id,
+            latest_checkpoint=trial.latest_checkpoint,
+            steps_completed=int(trial.steps_completed),
+            owner_unix=owner.unix_username,
+            owner_name=owner.username,
+            has_context=_has_context(s, exp.id),
+            token=svc.mint_trial_token(s, trial.id),
+        )
 
     def _job_user(self, sub: _Submission) -> tuple[str | None, int | None, int | None]:
         """(account to submit as, uid, gid): a root master runs each job as its owner's Unix account."""
@@ -212,10 +316,11 @@ class JobDriver:
             config = self.configs.put(sub.config_key, parse_experiment_config(raw or {}))
         return config
 
-    def _submit(self, sub: _Submission) -> bool:
-        """Build, write and sbatch the run's job. Whatever goes wrong ends this run only: a refusal (ours
-        or Slurm's) or any unexpected error fails the trial with the reason, shown in its events and exit
-        message; Slurm not answering loses the run, which is resubmitted while restarts last."""
+    def _prepare(self, sub: _Submission) -> Prepared | None:
+        """Build the run's job and write its run directory. A refusal (ours: a config this release cannot
+        build a job from, a user with no Unix account) or any unexpected error fails the trial with the
+        reason, shown in its events and exit message: retrying cannot help, and leaving the run allocated
+        would leave the trial ACTIVE with no job."""
         try:
             as_user, uid, gid = self._job_user(sub)
             config = self._config(sub)
@@ -250,34 +355,113 @@ class JobDriver:
             _ensure_image_cache(plan.plan)
             if sub.has_context:
                 self._write_context_once(sub.experiment_id, Path(context_path), uid, gid)
-            job_id = self._sbatch(plan.script, plan.spec.comment, as_user)
         except (ClientError, OSError) as e:
-            # Refused by us or by Slurm (bad partition, over a limit): the trial fails with the reason.
-            log.warning("submitting trial %s failed: %s", sub.trial_id, e)
-            with self._tx() as s:
-                svc.finish_trial_run(s, sub.run_id, TerminationReason.SUBMIT_FAILED, str(e))
-            return False
-        except SlurmError as e:
-            # Slurm could not be asked (controller down): the run is lost, not the trial; it is resubmitted
-            # from its latest checkpoint while restarts last.
-            log.warning("submitting trial %s failed: %s", sub.trial_id, e)
-            with self._tx() as s:
-                svc.finish_trial_run(s, sub.run_id, TerminationReason.JOB_LOST, f"sbatch failed: {e}")
-            return False
+            self._fail_submission(sub.run_id, sub.trial_id, TerminationReason.SUBMIT_FAILED, str(e))
+            return None
         except Exception as e:
-            # A bug, or a stored config this release cannot build a job from: retrying cannot help, and
-            # leaving the run allocated would leave the trial ACTIVE with no job. The trial fails, visibly.
             log.exception("submitting trial %s failed", sub.trial_id)
-            with self._tx() as s:
-                svc.finish_trial_run(
-                    s, sub.run_id, TerminationReason.SUBMIT_FAILED, f"internal error: {type(e).__name__}: {e}"
-                )
+            self._fail_submission(
+                sub.run_id, sub.trial_id, TerminationReason.SUBMIT_FAILED,
+                f"internal error: {type(e).__name__}: {e}",
+            )  # fmt: skip
+            return None
+        spec = plan.spec
+        prepared = Prepared(
+            run_id=sub.run_id,
+            trial_id=sub.trial_id,
+            run_number=sub.run_number,
+            script=plan.script,
+            comment=spec.comment,
+            as_user=as_user,
+            output_path=plan.output_path,
+            limit_key=(as_user, spec.account, spec.qos, spec.partition),
+        )
+        self._prepared[sub.run_id] = prepared
+        return prepared
+
+    def _try_sbatch(self, prepared: Prepared, pending_reason: str | None = None) -> int:
+        """sbatch the prepared job unless Slurm said to wait; 1 if it was submitted."""
+        if self.slurm_unavailable():
+            self._set_pending_reason(prepared.run_id, SLURM_UNAVAILABLE, pending_reason)
+            return 0
+        held = self.gate.held(prepared.limit_key)
+        if held is not None:
+            self._set_pending_reason(prepared.run_id, held, pending_reason)
+            return 0
+        try:
+            with self.cli.retries_at_most(0):  # our backoff is the retry
+                job_id = self.cli.submit(prepared.script, as_user=prepared.as_user)
+        except SubmitLimitError as e:
+            log.info("trial %s waits in the master: %s", prepared.trial_id, e)
+            self.gate.hold(prepared.limit_key, e.reason)
+            self._set_pending_reason(prepared.run_id, e.reason, pending_reason)
+            return 0
+        except SlurmUnavailableError as e:
+            if e.ambiguous and self._adopt(prepared):
+                return 1
+            self.gate.note_unavailable(e)
+            self._set_pending_reason(prepared.run_id, SLURM_UNAVAILABLE, pending_reason)
+            return 0
+        except ClientError as e:  # SubmitRefusedError: what the job asks for can never run here
+            self._fail_submission(prepared.run_id, prepared.trial_id, TerminationReason.SUBMIT_FAILED, str(e))
+            return 0
+        except SlurmError as e:
+            # sbatch answered with an error nobody knows: the run is lost (restarted while restarts last).
+            self._fail_submission(
+                prepared.run_id, prepared.trial_id, TerminationReason.JOB_LOST, f"sbatch failed: {e}"
+            )
+            return 0
+        self.gate.note_submitted(prepared.limit_key)
+        self._record_job(prepared.run_id, job_id, prepared.output_path)
+        log.info("trial %s run %s submitted as Slurm job %s", prepared.trial_id, prepared.run_number, job_id)
+        return 1
+
+    def _adopt(self, prepared: Prepared) -> bool:
+        """After an answer that may have been lost: the job carrying this run's comment, if Slurm has it.
+        When Slurm cannot say, the run is looked for again before its next sbatch (`check_comment`)."""
+        try:
+            with self.cli.retries_at_most(0):
+                found = self.cli.find_by_comment(prepared.comment, user=prepared.as_user)
+        except SlurmError:
+            prepared.check_comment = True
             return False
-        with self._tx() as s:
-            svc.start_trial_run(s, sub.run_id, job_id, log_path=plan.output_path)
-        self.poller.watch(job_id)
-        log.info("trial %s run %s submitted as Slurm job %s", sub.trial_id, sub.run_number, job_id)
+        if not found:
+            return False
+        log.info(
+            "sbatch's answer was lost, but Slurm has job %s for %s: adopting it", found[0], prepared.comment
+        )
+        self._record_job(prepared.run_id, found[0], prepared.output_path)
         return True
+
+    def _record_job(self, run_id: int, job_id: str, log_path: str | None) -> None:
+        self._prepared.pop(run_id, None)
+        with self._tx() as s:
+            svc.start_trial_run(s, run_id, job_id, log_path=log_path)
+            write_pending_reason(s, run_id, None)
+        self.poller.watch(job_id)
+
+    def _fail_submission(self, run_id: int, trial_id: int, reason: TerminationReason, message: str) -> None:
+        log.warning("submitting trial %s failed: %s", trial_id, message)
+        self._prepared.pop(run_id, None)
+        with self._tx() as s:
+            svc.finish_trial_run(s, run_id, reason, message)
+
+    def _finish_unsubmitted(self, run: Waiting) -> None:
+        """A run that waited in the master and is no longer wanted (paused, killed, stopped by the
+        searcher): it ends as a job cancelled before it started would."""
+        self._prepared.pop(run.run_id, None)
+        status = JobStatus(job_id="", outcome=Outcome.CANCELLED, slurm_state="", source="master")
+        waited = f" (it waited in the master: {run.pending_reason})" if run.pending_reason else ""
+        with self._tx() as s:
+            record_run_end(
+                s, run.run_id, status, None, self.config.preemption.signal,
+                message=f"never submitted to Slurm{waited}",
+            )  # fmt: skip
+
+    def _set_pending_reason(self, run_id: int, reason: str, current: str | None) -> None:
+        if reason != current:
+            with self._tx() as s:
+                write_pending_reason(s, run_id, reason)
 
     def _write_context_once(self, experiment_id: int, path: Path, uid: int | None, gid: int | None) -> None:
         """The experiment's context archive, written next to its trials' directories by its first submission
@@ -291,21 +475,12 @@ class JobDriver:
         if data is not None:
             _write_file(path, data, uid, gid)
 
-    def _sbatch(self, script: str, comment: str, as_user: str | None) -> str:
-        """Submit; after an ambiguous failure (the controller may have accepted the job) adopt the job
-        carrying this run's comment rather than submit a second one."""
-        try:
-            return self.cli.submit(script, as_user=as_user)
-        except SlurmError as e:  # a refusal (SubmitRefusedError) is a ClientError and passes through
-            found = self.cli.find_by_comment(comment, user=as_user)
-            if found:
-                log.info("sbatch failed (%s) but Slurm has job %s for %s: adopting it", e, found[0], comment)
-                return found[0]
-            raise
-
     # ---- stop -----------------------------------------------------------------------------------------
     def cancel_stopped(self) -> None:
-        """scancel jobs of killed trials, and jobs that were asked to stop before they even started."""
+        """scancel jobs of killed trials, and jobs that were asked to stop before they even started
+        (tried again every tick until the job ends; not while the controller does not answer)."""
+        if self.slurm_unavailable():
+            return
         with self._tx() as s:
             live = svc.list_live_runs(s)
         for run in live:
@@ -316,17 +491,29 @@ class JobDriver:
             # (our record lags behind Slurm between polls; a running job checkpoints and exits by itself).
             status = self.poller.status(run.slurm_job_id)
             never_started = run.preempt_requested and status is not None and status.outcome is Outcome.PENDING
-            if kill or never_started:
-                try:
-                    self.cli.cancel(run.slurm_job_id)
-                except SlurmError as e:
-                    log.warning("scancel %s failed: %s", run.slurm_job_id, e)
+            if (kill or never_started) and not self._cancel(run.slurm_job_id):
+                return
+
+    def _cancel(self, job_id: str) -> bool:
+        """scancel; False when the controller did not answer (the caller stops asking it for now)."""
+        try:
+            with self.cli.retries_at_most(0):  # tried again next tick, or after the backoff
+                self.cli.cancel(job_id)
+        except SlurmUnavailableError as e:
+            self.gate.note_unavailable(e)
+            return False
+        except SlurmError as e:
+            log.warning("scancel %s failed: %s", job_id, e)
+        return True
 
     # ---- poll -----------------------------------------------------------------------------------------
     def poll(self) -> int:
-        """Apply what Slurm says of every live run; returns how many runs ended."""
+        """Apply what Slurm says of every live run, and record why pending ones wait; returns how many runs
+        ended. A run ending frees a place under the user's submit limit: runs held back for one are tried
+        again in the same tick."""
         with self._tx() as s:
             live = svc.list_live_runs(s)
+            reasons = pending_reasons(s)
         jobs = {r.slurm_job_id: r for r in live if r.slurm_job_id}
         self.poller.watch_all(jobs)
         statuses = self.poller.poll()
@@ -338,16 +525,21 @@ class JobDriver:
             if status.outcome is Outcome.RUNNING and run.state == RunState.PENDING:
                 with self._tx() as s:
                     svc.mark_run_running(s, run.run_id, status.node_list or None)
+                    write_pending_reason(s, run.run_id, None)
+            elif status.outcome is Outcome.PENDING and run.state == RunState.PENDING:
+                reason = status.reason  # None until the scheduler has looked at the job
+                if reasons.get(run.run_id) != reason:
+                    with self._tx() as s:
+                        write_pending_reason(s, run.run_id, reason)
             elif status.outcome is Outcome.UNSCHEDULABLE:
-                try:
-                    self.cli.cancel(job_id)
-                except SlurmError as e:
-                    log.warning("scancel %s failed: %s", job_id, e)
-                self._finish(run.run_id, run.experiment_id, run.trial_id, run.run_number, status)
-                ended += 1
+                if self._cancel(job_id):
+                    self._finish(run.run_id, run.experiment_id, run.trial_id, run.run_number, status)
+                    ended += 1
             elif status.is_terminal:
                 self._finish(run.run_id, run.experiment_id, run.trial_id, run.run_number, status)
                 ended += 1
+        if ended:
+            self.gate.jobs_ended()
         return ended
 
     def _finish(self, run_id: int, exp_id: int, trial_id: int, run_number: int, status: JobStatus) -> None:
@@ -372,6 +564,8 @@ def record_run_end(
     status: JobStatus,
     exit_info: dict[str, Any] | None,
     preempt_signal: str,
+    *,
+    message: str | None = None,
 ) -> tuple[TerminationReason, svc.RunOutcome] | None:
     """Classify a finished job against what the master had asked of it, and apply the outcome."""
     run = session.get(TrialRunModel, run_id)
@@ -386,7 +580,7 @@ def record_run_end(
         preempt_signal=preempt_signal,
     )
     reason = classify(status, exit_info, ctx)
-    return reason, svc.finish_trial_run(session, run_id, reason, describe(status, exit_info))
+    return reason, svc.finish_trial_run(session, run_id, reason, message or describe(status, exit_info))
 
 
 def _ensure_image_cache(plan: dict[str, Any]) -> None:

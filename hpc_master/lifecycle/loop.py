@@ -52,7 +52,8 @@ class LifecycleLoop:
         """Let the searchers react to what the API recorded (a harness that completed an operation waits for
         that answer, so it comes before any Slurm command), stop what must stop, learn how jobs ended and let
         the searchers react to that too, then submit in the same tick what they (or a failed run's restart)
-        want running."""
+        want running. First of all, the invariant: no trial is left where nothing would ever move it."""
+        self.repair_stranded_trials()
         self.drive_searchers()
         if self.jobs is not None:
             self.jobs.cancel_stopped()
@@ -77,6 +78,27 @@ class LifecycleLoop:
             return
         if purged:
             log.info("housekeeping: %d expired sessions and trial tokens deleted", purged)
+
+    def repair_stranded_trials(self) -> int:
+        """Every run ends somewhere: an ACTIVE trial has a live run or is queued to submit (or the trial waits,
+        paused, or has ended). One query per tick finds a breach, normally none: each is a bug, repaired (the
+        trial closed as its searcher or its stop says) and logged at ERROR with the trial and why."""
+        try:
+            with transaction(self.sessions) as s:
+                repairs = svc.repair_stranded_trials(s)
+        except (StaleDataError, InvalidTransitionError) as e:
+            log.info("stranded trials: repair retried next tick (%s)", e)
+            return 0
+        except Exception:
+            log.exception("checking for stranded trials failed")
+            return 0
+        for r in repairs:
+            log.error(
+                "trial %s of experiment %s had no live run and nothing would ever run or end it (%s): "
+                "repaired, %s → %s. This is a bug in the master; please report it with this line.",
+                r.trial_id, r.experiment_id, r.why, r.old_state, r.new_state,
+            )  # fmt: skip
+        return len(repairs)
 
     def drive_searchers(self) -> None:
         """One short transaction per ACTIVE experiment. Experiment rows are read without their config, which
@@ -125,10 +147,11 @@ class LifecycleLoop:
 
     # ---- thread ----------------------------------------------------------------------------------------
     def start(self) -> None:
-        if self.jobs is not None:
-            if not compile_job_code():
-                log.info("some job-side modules could not be byte-compiled; jobs compile them as they start")
-            self.reconcile(self.jobs.cli, self.jobs.cluster_id)
+        # Runs allocated before a restart whose sbatch answer was never recorded are adopted by their
+        # comment, or submitted again as the same run, by the job driver in the loop's thread (`reconcile`
+        # here would block the API's start while Slurm does not answer, and lose a run held for a limit).
+        if self.jobs is not None and not compile_job_code():
+            log.info("some job-side modules could not be byte-compiled; jobs compile them as they start")
         self._thread = threading.Thread(target=self._run, name="lifecycle-loop", daemon=True)
         self._thread.start()
 

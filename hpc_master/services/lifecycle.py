@@ -13,7 +13,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, event, func, inspect, select
+from sqlalchemy import and_, delete, event, func, inspect, or_, select
 from sqlalchemy.orm import Session, UOWTransaction
 
 from hpc_master.db.models import (
@@ -30,6 +30,7 @@ from hpc_master.services import notify
 from hpc_master.services.common import InvalidTransitionError, get_or_404, guarded_update, record_event
 from hpc_master.services.states import (
     EARLY_EXIT_REASONS,
+    EXPERIMENT_STOPPING_TRIAL_END,
     LIVE_RUN_STATES,
     RUN_TRANSITIONS,
     STOPPING_EXPERIMENT_END,
@@ -38,12 +39,13 @@ from hpc_master.services.states import (
     TERMINAL_TRIAL_STATES,
     TERMINATION_TABLE,
     ExperimentState,
-    Retry,
+    Next,
     RunState,
     TerminationReason,
     TrialState,
     can_transition_experiment,
     can_transition_trial,
+    next_step,
 )
 
 DEFAULT_MAX_RESTARTS = 5
@@ -235,36 +237,29 @@ def finish_trial_run(
     ):
         reason = EARLY_EXIT_REASONS.get(trial.early_exit_reason, reason)
     term = TERMINATION_TABLE[reason]
-    text = term.message + (f": {message}" if message else "")
+    experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
+    step = next_step(
+        reason,
+        TrialState(trial.state),
+        ExperimentState(experiment.state),
+        searcher_done=trial.searcher_done,
+        pause_reason=trial.pause_reason,
+        restarts=trial.restarts,
+        max_restarts=_max_restarts(experiment),
+    )
+    text = term.message + (f"; {step.note}" if step.note else "") + (f": {message}" if message else "")
     run.exit_reason = reason
     run.exit_message = text
     set_run_state(session, run, term.run_state, text)
 
-    experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
-    current = TrialState(trial.state)
-    resubmit = False
-    if current in STOPPING_TRIAL_END:
-        set_trial_state(session, trial, STOPPING_TRIAL_END[current], text)
-    elif current in TERMINAL_TRIAL_STATES:
-        pass
-    elif term.retry == Retry.RESTART and trial.restarts >= _max_restarts(experiment):
+    if step.counts_restart:
+        trial.restarts += 1
+    if step.next == Next.WAIT:
+        trial.pause_reason = step.pause_reason
+    if step.trial_state != trial.state:
         trial.exit_message = text
-        set_trial_state(session, trial, TrialState.ERROR, f"{text} (out of restarts)")
-    elif current == TrialState.PAUSED:
-        # Paused while the job ran: it stays paused (resumed on activate) unless the job says it is done.
-        if term.trial_state in TERMINAL_TRIAL_STATES:
-            set_trial_state(session, trial, term.trial_state, text)
-        elif term.retry == Retry.RESTART:
-            trial.restarts += 1
-    elif term.trial_state is not None:
-        if term.trial_state == TrialState.PAUSED:
-            trial.pause_reason = reason
-        trial.exit_message = text
-        set_trial_state(session, trial, term.trial_state, text)
-    else:
-        if term.retry == Retry.RESTART:
-            trial.restarts += 1
-        resubmit = experiment.state == ExperimentState.ACTIVE
+        set_trial_state(session, trial, step.trial_state, text)
+    resubmit = step.next == Next.RESUBMIT
     session.flush()
     maybe_finish_experiment(session, experiment)
     return RunOutcome(TrialState(trial.state), resubmit, text)
@@ -447,6 +442,72 @@ def list_trials_to_submit(session: Session) -> list[TrialModel]:
         .order_by(TrialModel.id)
     )
     return list(session.scalars(stmt))
+
+
+@dataclass(frozen=True)
+class Repair:
+    """A trial found breaking the invariant "a non-terminal trial has a live run, is queued to submit, or
+    waits paused", and what was done about it."""
+
+    trial_id: int
+    experiment_id: int
+    old_state: TrialState
+    new_state: TrialState
+    why: str
+
+
+def repair_stranded_trials(session: Session) -> list[Repair]:
+    """Close the trials that nothing would ever move again. One query finds them (none, normally):
+
+    - ACTIVE trials of ACTIVE experiments with no live run that the searcher is done with: not in the submit
+      queue (`list_trials_to_submit`), and no job will ever end for them. Completed: the searcher's work is
+      done (it learns of the closed trial on its next pass).
+    - trials stopping (canceled, killed, ...) with no live run: no job end will finish the stop. They end
+      as the stop asked.
+    - ACTIVE or PAUSED trials of stopping experiments with no live run: they end as the experiment will.
+
+    Every other ACTIVE trial of an ACTIVE experiment with no live run is in the submit queue by definition.
+    """
+    live = select(TrialRunModel.trial_id).where(TrialRunModel.state.in_(LIVE_RUN_STATES))
+    stopping_trials = list(STOPPING_TRIAL_END)
+    stopping_experiments = list(EXPERIMENT_STOPPING_TRIAL_END)
+    rows = session.execute(
+        select(TrialModel, ExperimentModel.state)
+        .join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
+        .where(
+            TrialModel.state.not_in(TERMINAL_TRIAL_STATES),
+            TrialModel.id.not_in(live),
+            or_(
+                and_(
+                    TrialModel.state == TrialState.ACTIVE,
+                    ExperimentModel.state == ExperimentState.ACTIVE,
+                    TrialModel.searcher_done.is_(True),
+                ),
+                TrialModel.state.in_(stopping_trials),
+                ExperimentModel.state.in_(stopping_experiments),
+            ),
+        )
+        .order_by(TrialModel.id)
+    ).all()
+    repairs: list[Repair] = []
+    for trial, exp_state in rows:
+        old = TrialState(trial.state)
+        if old in STOPPING_TRIAL_END:
+            new, why = STOPPING_TRIAL_END[old], f"it was {old} with no live run"
+        elif exp_state in EXPERIMENT_STOPPING_TRIAL_END:
+            new = EXPERIMENT_STOPPING_TRIAL_END[ExperimentState(exp_state)]
+            why = f"it was {old} with no live run in a {exp_state} experiment"
+        else:
+            new = TrialState.COMPLETED
+            why = "it was ACTIVE with no live run and nothing queued to submit: the searcher was done with it"
+        trial.exit_message = f"closed by the lifecycle loop: {why}"
+        set_trial_state(session, trial, new, f"repaired by the lifecycle loop: {why}")
+        repairs.append(Repair(trial.id, trial.experiment_id, old, new, why))
+    if repairs:
+        session.flush()
+        for exp_id in sorted({r.experiment_id for r in repairs}):
+            maybe_finish_experiment(session, get_or_404(session, ExperimentModel, exp_id, "experiment"))
+    return repairs
 
 
 def list_live_runs(session: Session) -> list[LiveRun]:

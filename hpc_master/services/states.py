@@ -182,7 +182,8 @@ class TerminationReason(enum.StrEnum):
 class Termination:
     run_state: RunState
     trial_state: TrialState | None
-    """Where the trial goes; None means it stays ACTIVE (to be resubmitted) or ERROR once out of restarts."""
+    """Where the trial goes; None means it stays ACTIVE (to be resubmitted) or ERROR once out of restarts.
+    `next_step` reads this against the trial's and the searcher's state."""
     retry: Retry
     message: str
 
@@ -196,14 +197,12 @@ TERMINATION_TABLE: dict[TerminationReason, Termination] = {
     _X.EARLY_EXIT_USER_STOP: Termination(
         _R.COMPLETED, _T.COMPLETED, Retry.NEVER, "trial exited early at the user's request"
     ),
-    _X.SLURM_PREEMPTED: Termination(
-        _R.PREEMPTED, None, Retry.RESUBMIT, "preempted by Slurm; resubmitted from the latest checkpoint"
-    ),
+    _X.SLURM_PREEMPTED: Termination(_R.PREEMPTED, None, Retry.RESUBMIT, "preempted by Slurm"),
     _X.TIME_LIMIT_CHECKPOINTED: Termination(
         _R.PREEMPTED,
         None,
         Retry.RESUBMIT,
-        "reached the job time limit; resubmitted from the latest checkpoint",
+        "reached the job time limit",
     ),
     _X.PAUSED_BY_USER: Termination(_R.PREEMPTED, _T.PAUSED, Retry.ON_ACTIVATE, "paused by the user"),
     _X.PAUSED_BY_SEARCHER: Termination(
@@ -213,7 +212,7 @@ TERMINATION_TABLE: dict[TerminationReason, Termination] = {
         _R.PREEMPTED,
         None,
         Retry.RESUBMIT,
-        "resumed while its job was already stopping for a pause; resubmitted from the latest checkpoint",
+        "resumed while its job was already stopping for a pause",
     ),
     _X.CANCELED_BY_USER: Termination(_R.CANCELED, _T.CANCELED, Retry.NEVER, "canceled by the user"),
     _X.KILLED_BY_USER: Termination(_R.CANCELED, _T.CANCELED, Retry.NEVER, "killed by the user"),
@@ -232,6 +231,99 @@ EARLY_EXIT_REASONS: dict[str, TerminationReason] = {
     "EXITED_REASON_USER_REQUESTED_STOP": TerminationReason.EARLY_EXIT_USER_STOP,
     "EXITED_REASON_UNSPECIFIED": TerminationReason.NONZERO_EXIT,
 }
+
+
+class Next(enum.StrEnum):
+    """The three ways a run's end may leave its trial: every (reason × trial state × searcher state) gives one."""
+
+    RESUBMIT = "RESUBMIT"
+    """ACTIVE with a new run queued (from the latest checkpoint)."""
+    WAIT = "WAIT"
+    """PAUSED, with the user (``det e activate``) or the searcher (a promotion) to resume it."""
+    END = "END"
+    """A terminal state."""
+
+
+@dataclass(frozen=True)
+class NextStep:
+    next: Next
+    trial_state: TrialState
+    pause_reason: TerminationReason | None = None
+    """Why a trial that waits is paused: who resumes it (the user or the searcher)."""
+    counts_restart: bool = False
+    note: str = ""
+    """What happens next when the row alone does not say (resubmitted, or why the trial goes elsewhere),
+    shown after the row's message."""
+
+
+# A trial whose experiment is stopping (with no stop of its own recorded) ends as the experiment will.
+EXPERIMENT_STOPPING_TRIAL_END: dict[ExperimentState, TrialState] = {
+    _E.STOPPING_CANCELED: _T.CANCELED,
+    _E.STOPPING_KILLED: _T.CANCELED,
+    _E.STOPPING_COMPLETED: _T.COMPLETED,
+    _E.STOPPING_ERROR: _T.ERROR,
+}
+
+
+def next_step(
+    reason: TerminationReason,
+    trial_state: TrialState,
+    experiment_state: ExperimentState,
+    *,
+    searcher_done: bool,
+    pause_reason: str | None,
+    restarts: int,
+    max_restarts: int,
+) -> NextStep:
+    """Where a trial goes when its run ends: the termination table's row for `reason`, read against the
+    trial's and the searcher's state. Pure; the one place that decides, so that no combination leaves an
+    ACTIVE trial with neither a live run nor a place in the submit queue (a run that "resubmits" a trial the
+    searcher is done with used to do exactly that: ACTIVE forever, nothing submitted).
+
+    In order: a stopping trial ends as asked; a row with a terminal state applies; a trial the searcher is
+    done with completes, however its last job ended (its work was done: as in Determined, a trial whose
+    search is complete is COMPLETED on exit); a stopping experiment takes its trials along; a failure with no
+    restarts left is an ERROR; a paused trial, or one whose pause the searcher or the user asked for, waits;
+    a trial of an experiment that is not ACTIVE waits for the user; anything else is resubmitted.
+    """
+    term = TERMINATION_TABLE[reason]
+    if trial_state in STOPPING_TRIAL_END:
+        return NextStep(Next.END, STOPPING_TRIAL_END[trial_state])
+    if trial_state in TERMINAL_TRIAL_STATES:
+        return NextStep(Next.END, trial_state)
+    if term.trial_state in TERMINAL_TRIAL_STATES:
+        return NextStep(Next.END, term.trial_state)
+    if searcher_done:
+        return NextStep(Next.END, _T.COMPLETED, note="the searcher was done with the trial: completed")
+    if experiment_state in EXPERIMENT_STOPPING_TRIAL_END:
+        target = EXPERIMENT_STOPPING_TRIAL_END[experiment_state]
+        return NextStep(Next.END, target, note=f"the experiment is {experiment_state}: {target}")
+    restart = term.retry == Retry.RESTART
+    if restart and restarts >= max_restarts:
+        return NextStep(Next.END, _T.ERROR, note="out of restarts")
+    if trial_state == _T.PAUSED:
+        # Paused while the job ran: resumed on activate (or promotion), whatever else ended the job.
+        return NextStep(Next.WAIT, _T.PAUSED, _pause_reason(pause_reason), counts_restart=restart)
+    if term.trial_state == _T.PAUSED:
+        return NextStep(Next.WAIT, _T.PAUSED, reason, counts_restart=restart)
+    if pause_reason == _X.PAUSED_BY_SEARCHER:
+        # The searcher asked for a pause and the job ended otherwise (preempted, failed) before it: paused.
+        return NextStep(
+            Next.WAIT, _T.PAUSED, _X.PAUSED_BY_SEARCHER, restart, "the searcher had asked for a pause: paused"
+        )
+    if experiment_state != ExperimentState.ACTIVE:
+        return NextStep(
+            Next.WAIT, _T.PAUSED, _X.PAUSED_BY_USER, restart, f"the experiment is {experiment_state}: paused"
+        )
+    return NextStep(
+        Next.RESUBMIT, _T.ACTIVE, counts_restart=restart, note="resubmitted from the latest checkpoint"
+    )
+
+
+def _pause_reason(value: str | None) -> TerminationReason:
+    if value == _X.PAUSED_BY_SEARCHER:
+        return _X.PAUSED_BY_SEARCHER
+    return _X.PAUSED_BY_USER
 
 
 def can_transition_experiment(old: ExperimentState, new: ExperimentState) -> bool:

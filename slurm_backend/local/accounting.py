@@ -86,6 +86,33 @@ def _wait_dbd(spec: LocalClusterSpec, env: dict[str, str]) -> None:
         )
 
 
+# The Slurm account every `--create-user` account is associated with. The cluster enforces associations
+# (`AccountingStorageEnforce=associations,limits,qos`), so a user without one cannot submit at all; root's
+# association comes with `sacctmgr add cluster`.
+LOCAL_ACCOUNT = "research"
+
+
+def add_users(spec: LocalClusterSpec, users: tuple[str, ...], env: dict[str, str]) -> None:
+    """Give each user an association (account `LOCAL_ACCOUNT`, default QOS `normal`, no limits); idempotent."""
+    if not users:
+        return
+    _sacctmgr(
+        env, "add", "account", LOCAL_ACCOUNT, f"Cluster={spec.cluster_name}",
+        "Description=researchers", "Organization=local",
+    )  # fmt: skip
+    for user in users:
+        _sacctmgr(env, "add", "user", user, f"Account={LOCAL_ACCOUNT}", f"Cluster={spec.cluster_name}")
+
+
+def _sacctmgr(env: dict[str, str], *args: str) -> None:
+    proc = subprocess.run(
+        ["sacctmgr", "-i", *args], capture_output=True, text=True, env=env, check=False, timeout=60
+    )
+    text = proc.stdout + proc.stderr
+    if proc.returncode != 0 and "Nothing new added" not in text and "already exists" not in text:
+        raise system.CommandError(f"sacctmgr {' '.join(args[:3])} failed: {text.strip()}")
+
+
 def stop(spec: LocalClusterSpec) -> None:
     system.terminate(system.pids_named("slurmdbd"))
     pid = system.read_pid(spec.db_dir / "mariadb.pid")

@@ -128,6 +128,8 @@ def up(
                 if account.skeleton is not None:
                     homes[account.home] = account.skeleton
                 record.save(spec.state_file)
+        if spec.accounting:
+            accounting.add_users(spec, users, _daemon_env(spec))
         _wait_nodes_idle(spec, wait_s)
     except BaseException:
         log.error("bringing the cluster up failed; cleaning up")
@@ -259,6 +261,23 @@ def start_node(node: str) -> None:
     if any(p in system.pids_named("slurmd") for p in system.pids_in_netns(node)):
         return
     _start_slurmd(spec, node, spec.node_names.index(node))
+
+
+def kill_controller() -> None:
+    """Kill slurmctld at once (SIGKILL, as a crash does). Jobs go on running on their nodes; every Slurm
+    command fails with "Unable to contact slurm controller" until `start_controller`. sacct still answers
+    (slurmdbd is its own daemon)."""
+    require_root()
+    _current_spec()
+    system.kill_now(system.pids_named("slurmctld"))
+
+
+def start_controller() -> None:
+    """(Re)start slurmctld, which recovers its jobs from its saved state, and wait until it answers."""
+    require_root()
+    spec = _current_spec()
+    if not system.pids_named("slurmctld"):
+        _start_slurmctld(spec)
 
 
 def _current_spec() -> LocalClusterSpec:

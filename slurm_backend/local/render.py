@@ -95,6 +95,9 @@ def _accounting_lines(spec: LocalClusterSpec) -> list[str]:
         "AccountingStorageType=accounting_storage/slurmdbd",
         f"AccountingStorageHost={spec.controller_ip}",
         "AccountingStorageTRES=gres/gpu",
+        # As production sites do: a job needs a user association (`accounting.add_users`), and the association
+        # and QOS limits (MaxSubmitJobs, MaxJobs, GrpTRES, ...) hold. `limits` implies `associations`.
+        "AccountingStorageEnforce=associations,limits,qos",
         "JobAcctGatherType=jobacct_gather/linux",
         "JobAcctGatherFrequency=5",
         # Jobs that use more memory than they asked for are killed and end OUT_OF_MEMORY, as with cgroups.
