@@ -1,9 +1,8 @@
 """The master's lifecycle loop: a background thread that drives searchers and Slurm jobs every tick.
 
-On start it reconciles what the database says with what Slurm knows (a master killed at any point loses
-nothing and runs nothing twice): live runs are simply polled again (sacct knows jobs that ended meanwhile),
-and a run allocated just before a crash, whose `sbatch` answer was never recorded, is found by its job
-comment or else finished as lost (and so resubmitted from its latest checkpoint).
+After a restart nothing is lost and nothing runs twice: live runs are simply polled again (sacct knows jobs
+that ended meanwhile), and a run allocated just before a crash, whose `sbatch` answer was never recorded, is
+found by its job comment by the job driver on its ticks (`lifecycle.waiting`), never before the API is up.
 """
 
 from __future__ import annotations
@@ -24,10 +23,8 @@ from hpc_master.lifecycle.jobs import JobDriver, compile_job_code
 from hpc_master.services import lifecycle as svc
 from hpc_master.services import notify
 from hpc_master.services.common import InvalidTransitionError
-from hpc_master.services.states import ExperimentState, TerminationReason
+from hpc_master.services.states import ExperimentState
 from hpc_master.services.users import purge_expired_sessions
-from hpc_master.trialjob import job_comment
-from slurm_backend import SlurmCli
 
 log = logging.getLogger(__name__)
 
@@ -123,33 +120,11 @@ class LifecycleLoop:
                 log.exception("experiment %s: the searcher failed", exp_id)
         notify.searchers_driven()
 
-    # ---- restart reconciliation ----------------------------------------------------------------------
-    def reconcile(self, cli: SlurmCli, cluster_id: str) -> None:
-        with transaction(self.sessions) as s:
-            orphans = [r for r in svc.list_live_runs(s) if r.slurm_job_id is None]
-        for run in orphans:
-            comment = job_comment(cluster_id, run.experiment_id, run.trial_id, run.run_number)
-            try:
-                found = cli.find_by_comment(comment)
-            except Exception as e:  # Slurm unreachable: try again on the next start
-                log.warning("cannot reconcile trial %s run %s: %s", run.trial_id, run.run_number, e)
-                continue
-            with transaction(self.sessions) as s:
-                if found:
-                    svc.start_trial_run(s, run.run_id, found[0])
-                    log.info(
-                        "adopted Slurm job %s for trial %s run %s", found[0], run.trial_id, run.run_number
-                    )
-                else:
-                    svc.finish_trial_run(
-                        s, run.run_id, TerminationReason.JOB_LOST, "the master stopped before sbatch answered"
-                    )
-
     # ---- thread ----------------------------------------------------------------------------------------
     def start(self) -> None:
         # Runs allocated before a restart whose sbatch answer was never recorded are adopted by their
-        # comment, or submitted again as the same run, by the job driver in the loop's thread (`reconcile`
-        # here would block the API's start while Slurm does not answer, and lose a run held for a limit).
+        # comment, or submitted again as the same run, by the job driver in the loop's thread (doing it here
+        # would hold up the API's start while Slurm does not answer).
         if self.jobs is not None and not compile_job_code():
             log.info("some job-side modules could not be byte-compiled; jobs compile them as they start")
         self._thread = threading.Thread(target=self._run, name="lifecycle-loop", daemon=True)

@@ -292,13 +292,14 @@ def test_any_exception_while_submitting_fails_only_that_trial(
     assert trial.state == "ACTIVE" and [r.slurm_job_id for r in runs] == ["1000"]
 
 
-def test_slurm_not_answering_loses_the_run_not_the_trial(
+def test_an_unexpected_slurm_failure_at_submit_loses_the_run_not_the_trial(
     client: TestClient, sessions: sessionmaker[Session], config: MasterConfig
 ) -> None:
     headers = login(client)
     exp_id = create_experiment(client, headers, CONFIG)
     slurm = FakeSlurm()
-    slurm.fail_submit = SlurmError("sbatch failed: Unable to contact slurm controller")
+    # Not a refusal and not an unanswering controller (those wait): a failure of unknown kind.
+    slurm.fail_submit = SlurmError("sbatch failed: an error Slurm has never printed")
     loop = _loop(sessions, config, slurm)
     loop.tick()
     trial, runs = _trial_of(sessions, exp_id)
