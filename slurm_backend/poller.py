@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from hpc_master.errors import SlurmError
+from det_errors import SlurmError
 from slurm_backend.cli import SlurmCli
 from slurm_backend.states import JobStatus, Outcome
 
@@ -56,10 +56,14 @@ class Poller:
         self.last_error: SlurmError | None = None
 
     def watch(self, job_id: str) -> None:
+        """Watch a job and ask for a poll now: a new job is always polled promptly; a job already watched
+        (the master's loop asks for all its live jobs every tick) only while Slurm answers, so a healthy
+        cluster's job ends are seen within a tick, and a failing controller keeps its backoff."""
         with self._lock:
-            if str(job_id) not in self._watched:
-                self._watched.add(str(job_id))
-                self._next_poll_at = min(self._next_poll_at, self.clock())  # learn about new jobs promptly
+            new = str(job_id) not in self._watched
+            self._watched.add(str(job_id))
+            if new or self.consecutive_failures == 0:
+                self._next_poll_at = min(self._next_poll_at, self.clock())
 
     def watch_all(self, job_ids: Iterable[str]) -> None:
         for job_id in job_ids:

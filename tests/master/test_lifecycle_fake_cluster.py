@@ -340,9 +340,9 @@ def test_a_controller_outage_loses_no_run_and_burns_no_restart(world: World) -> 
     for t in world.trials(exp_id):
         assert [r.exit_reason for r in world.runs(t.id)] in ([None], []), t.id
         assert t.restarts == 0
-    # A job that must be cancelled waits too: scancel is tried again after a backoff, not every tick
-    # (twice in this minute: 5 s, then 10 s later, then the poller's failure holds it off).
-    assert world.cluster.count("scancel") == 2
+    # A job that must be cancelled waits too: scancel is tried again after a backoff, not every tick (12
+    # here), and not at all once the poller's failed poll has shown the controller down.
+    assert 1 <= world.cluster.count("scancel") <= 2
     world.cluster.restart_controller()
     world.tick(times=3)
     states = {t.id: (t.state, [r.exit_reason for r in world.runs(t.id)]) for t in world.trials(exp_id)}

@@ -134,3 +134,24 @@ def test_watch_triggers_a_prompt_poll_and_unwatch_forgets() -> None:
     poller.unwatch("1")
     assert set(poller.poll(force=True)) == {"2"}
     assert poller.status("1") is None and poller.status("2") is not None
+
+
+def test_watching_again_polls_at_once_while_slurm_answers_but_not_during_a_backoff() -> None:
+    """The loop re-watches its live jobs every tick: a job's end is seen within a tick on a healthy cluster
+    (not after `interval_s`), while a failing controller is not asked again before its backoff ends."""
+    poller, cli, clock = make()
+    poller.watch("1")
+    cli.queue = {"1": st("1", "RUNNING")}
+    poller.poll()
+    clock.now = 2  # one loop tick later, well within the 10 s interval
+    poller.watch_all(["1"])
+    poller.poll()
+    assert len(cli.calls) == 2
+    cli.fail = True
+    clock.now = 4
+    poller.watch_all(["1"])
+    poller.poll()  # fails: next try at 4 + 20
+    clock.now = 6
+    poller.watch_all(["1"])
+    poller.poll()
+    assert len(cli.calls) == 3 and poller.consecutive_failures == 1
