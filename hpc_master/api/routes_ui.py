@@ -11,6 +11,7 @@ per-trial tokens are refused, as everywhere but the harness routes.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
@@ -31,6 +32,8 @@ from hpc_master.services import webui as ui
 from hpc_master.services.common import get_or_404
 from hpc_master.services.curves import CurveCache, ExperimentCurves
 from hpc_master.services.experiments import searcher_metric
+from slurm_backend.cli import SlurmCli
+from slurm_backend.cluster_view import DEFAULT_TTL_S, CachedClusterView, ClusterView
 from webui import ASSETS_DIR
 
 router = APIRouter(prefix="/api/v1", tags=["webui"])
@@ -60,12 +63,15 @@ def _curves(request: Request, experiment_id: int) -> ExperimentCurves:
     return cache.get(experiment_id)
 
 
-def _line(result: dict[str, Any]) -> bytes:
+def _line(result: dict[str, Any] | bytes) -> bytes:
+    """One stream line; bytes are a line already serialised (a cached first message)."""
+    if isinstance(result, bytes):
+        return result
     return orjson.dumps({"result": result}) + b"\n"
 
 
 def _stream(
-    first: Callable[[], tuple[dict[str, Any], Any]],
+    first: Callable[[], tuple[dict[str, Any] | bytes, Any]],
     then: Callable[[Any], tuple[dict[str, Any] | None, Any]],
     period_s: float,
 ) -> StreamingResponse:
@@ -184,8 +190,18 @@ async def trials_sample(
             "demotedTrials": [],
         }, generation
 
-    def first() -> tuple[dict[str, Any], int]:
-        return sample(-1)
+    rendered_key = (chosen, name, max_datapoints, max_trials, start_batches, end_batches)
+
+    def first() -> tuple[dict[str, Any] | bytes, int]:
+        # The whole first message, serialised, is kept per query until a new row changes the curves: a
+        # 1,000-trial experiment's is ~35 MB of JSON, and building it again costs over a second.
+        generation = curves.refresh(state.tx)
+        line = curves.rendered_line(rendered_key, generation)
+        if line is None:
+            message, generation = sample(-1)
+            line = _line(message)
+            curves.keep_rendered_line(rendered_key, generation, line)
+        return line, generation
 
     def then(since: int) -> tuple[dict[str, Any] | None, int]:
         message, generation = sample(since)
@@ -350,6 +366,77 @@ def ui_rungs(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[
         return ui.searcher_rungs(session, experiment)
 
 
+@router.get("/webui/cluster")
+def ui_cluster(request: Request, state: State, principal: UserPrincipal) -> dict[str, Any]:
+    """The cluster page: Slurm's partitions as ``resourcePools`` and its nodes as ``agents`` (Determined's
+    names: a GPU is a slot; ``slotsAvailable`` counts a pool's GPUs, ``slotsUsed`` those jobs hold), read from
+    ``scontrol`` at most once per ``cacheSeconds`` whoever asks (``fetchedAt`` says when; ``error`` why Slurm
+    could not be read), and the platform's queued trial runs (``queued``: PENDING runs, with Slurm's
+    ``pendingReason`` and ``pendingSince`` once known, and where they wait: ``waitingIn`` slurm or master)."""
+    cache: CachedClusterView = request.app.state.cluster_view
+    view = cache.get()
+    with state.tx() as session:
+        queued = []
+        for q in ui.queued_runs(session):
+            item = convert.run_to_api(q.run)
+            item.update(
+                trialId=q.run.trial_id,
+                experimentId=q.experiment_id,
+                experimentName=q.experiment_name,
+                owner=q.username,
+            )
+            queued.append(item)
+    return {**cluster_to_api(view), "cacheSeconds": cache.ttl_s, "queued": queued}
+
+
+def cluster_to_api(view: ClusterView) -> dict[str, Any]:
+    pools = []
+    for p in view.partitions:
+        total, used, free = view.partition_gpus(p.name)
+        pools.append(
+            {
+                "name": p.name,
+                "description": f"Slurm partition {p.name}",
+                "type": "RESOURCE_POOL_TYPE_STATIC",
+                "defaultComputePool": p.default,
+                "state": p.state,
+                "maxTime": p.max_time,
+                "priorityTier": p.priority_tier,
+                "preemptMode": p.preempt_mode,
+                "numAgents": len(p.nodes),
+                "agentIds": list(p.nodes),
+                "slotType": "TYPE_CUDA",
+                "slotsAvailable": total,
+                "slotsUsed": used,
+                "slotsFree": free,
+            }
+        )
+    agents = [
+        {
+            "id": n.name,
+            "state": n.state,
+            "enabled": n.available,
+            "reason": n.reason,
+            "resourcePools": list(n.partitions),
+            "gpuType": n.gpu_type,
+            "numSlots": n.gpus_total,
+            "slotsUsed": n.gpus_used,
+            "slotsFree": n.gpus_free,
+            "cpus": n.cpus_total,
+            "cpusUsed": n.cpus_alloc,
+            "memoryMb": n.mem_mb,
+            "memoryUsedMb": n.mem_alloc_mb,
+        }
+        for n in view.nodes
+    ]
+    return {
+        "resourcePools": pools,
+        "agents": agents,
+        "fetchedAt": convert.iso(dt.datetime.fromtimestamp(view.fetched_at, dt.UTC)),
+        "error": view.error,
+    }
+
+
 @router.get("/webui/session")
 def ui_session(state: State, principal: UserPrincipal) -> dict[str, Any]:
     """Who the browser is logged in as (the UI's first request; 401 sends it to the login page)."""
@@ -401,6 +488,7 @@ def install(app: FastAPI) -> None:
     """Mount the UI on ``app`` (``router``, the data routes, is included by ``create_app``): pages, assets at ``/webui/``, and an HTML page (not JSON, never
     a stack trace) for an unknown address outside ``/api``."""
     app.state.curves = CurveCache()
+    app.state.cluster_view = CachedClusterView(SlurmCli(timeout_s=10.0), ttl_s=DEFAULT_TTL_S)
     app.include_router(pages)
     app.mount("/webui", StaticFiles(directory=ASSETS_DIR, check_dir=True), name="webui")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +30,8 @@ LAG_IDS = 5000
 """How far behind the newest id seen a refresh looks again for rows committed late."""
 KEEP_EXPERIMENTS = 16
 """Experiments whose curves stay in memory (least recently used dropped first)."""
+KEEP_RENDERED = 2
+"""Serialised first answers kept per experiment (a metric at one width; two for a second metric or width)."""
 BUCKETS_PER_CURVE = 512
 """Each kept curve holds at most 2 × this many buckets (each a min and a max point)."""
 
@@ -60,6 +62,23 @@ class ExperimentCurves:
     """(series, trial) → the refresh generation that last added a point to it."""
     generation: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    rendered: OrderedDict[Any, tuple[int, bytes]] = field(default_factory=OrderedDict)
+    """A query's serialised first answer and the generation it was made at (``KEEP_RENDERED`` kept)."""
+
+    def rendered_line(self, key: Any, generation: int) -> bytes | None:
+        with self.lock:
+            hit = self.rendered.get(key)
+            if hit is None or hit[0] != generation:
+                return None
+            self.rendered.move_to_end(key)
+            return hit[1]
+
+    def keep_rendered_line(self, key: Any, generation: int, line: bytes) -> None:
+        with self.lock:
+            self.rendered[key] = (generation, line)
+            self.rendered.move_to_end(key)
+            while len(self.rendered) > KEEP_RENDERED:
+                self.rendered.popitem(last=False)
 
     def refresh(self, transaction: Callable[[], AbstractContextManager[Session]]) -> int:
         """Read the rows not yet seen; returns the generation now current.
@@ -79,13 +98,8 @@ class ExperimentCurves:
             )
             in_experiment = MetricModel.trial_id.in_(trial_ids)
             if self.last_id == 0:  # the first read: every row, no ids kept on the way
-                newest = 0
                 self.generation += 1
-                for row_id, trial_id, group, steps, metrics in session.execute(
-                    select(*columns).where(in_experiment)
-                ):
-                    self._add(trial_id, group, steps, metrics)
-                    newest = max(newest, row_id)
+                newest = self._load_all(session.execute(select(*columns).where(in_experiment)))
                 if newest:
                     self.last_id = newest
                     self.recent = set(
@@ -114,6 +128,38 @@ class ExperimentCurves:
             self.recent = {i for i in self.recent if i > cut}
             self.recent.update(i for i in ids if i > cut)
             return self.generation
+
+    def _load_all(self, rows: Iterable[Any]) -> int:
+        """The first read: every row's numbers gathered per (group, name, trial), then each curve built in one
+        pass (``MinMaxCurve.from_points``). Returns the newest id read (0: none)."""
+        gathered: dict[tuple[str, str, int], tuple[list[int], list[float]]] = {}
+        newest = 0
+        loads = orjson.loads
+        for row_id, trial_id, group, steps, metrics in rows:
+            if row_id > newest:
+                newest = row_id
+            if isinstance(metrics, str | bytes):
+                metrics = loads(metrics)
+            avg = metrics.get("avgMetrics", metrics) if isinstance(metrics, dict) else None
+            if not isinstance(avg, dict):
+                continue
+            for name, value in avg.items():
+                kind = type(value)
+                if kind is not float and kind is not int:  # bool, str, None, lists: not a point
+                    continue
+                key = (group, name, trial_id)
+                points = gathered.get(key)
+                if points is None:
+                    points = gathered[key] = ([], [])
+                points[0].append(int(steps))
+                points[1].append(float(value))
+        for (group, name, trial_id), (steps_list, values) in gathered.items():
+            series = (group, name)
+            self.series.setdefault(series, {})[trial_id] = MinMaxCurve.from_points(
+                steps_list, values, BUCKETS_PER_CURVE
+            )
+            self.changed[(series, trial_id)] = self.generation
+        return newest
 
     def _add(self, trial_id: int, group: str, steps: int, metrics: Any) -> None:
         if isinstance(metrics, str | bytes):

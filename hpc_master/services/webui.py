@@ -332,3 +332,31 @@ def time_series(
             for s in keep
         ]
     return out
+
+
+# ---------------------------------------------------------------- the cluster page's queue
+
+QUEUED_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class QueuedRun:
+    run: TrialRunModel
+    experiment_id: int
+    experiment_name: str
+    username: str
+
+
+def queued_runs(session: Session, limit: int = QUEUED_LIMIT) -> list[QueuedRun]:
+    """The platform's PENDING trial runs, oldest first: waiting in Slurm (submitted) or in the master (held
+    back before sbatch); each run says why and since when (``pending_reason``/``pending_since``) once known."""
+    rows = session.execute(
+        select(TrialRunModel, ExperimentModel.id, ExperimentModel.name, UserModel.username)
+        .join(TrialModel, TrialModel.id == TrialRunModel.trial_id)
+        .join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
+        .join(UserModel, UserModel.id == ExperimentModel.owner_id)
+        .where(TrialRunModel.state == "PENDING")
+        .order_by(TrialRunModel.submit_time, TrialRunModel.id)
+        .limit(limit)
+    ).all()
+    return [QueuedRun(run, exp_id, name or "", username) for run, exp_id, name, username in rows]

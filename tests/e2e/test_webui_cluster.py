@@ -86,3 +86,24 @@ def test_pause_activate_and_live_logs_from_the_ui(
     finally:
         ui.close()
         bob.close()
+
+
+def test_cluster_page_lists_the_nodes_and_their_gpus(
+    master: Master, alice: dict[str, str], browser: Any
+) -> None:
+    """The cluster page against the real controller: node1 and node2, 2 GPUs (a100) each, in batch."""
+    ui = Page(browser, master.url)
+    try:
+        p = ui.page
+        ui.login("alice", "alice-pw")
+        p.goto("/cluster")
+        p.wait_for_selector("#nodes [data-node=node2]", timeout=10_000)
+        for node in ("node1", "node2"):
+            text = p.inner_text(f"#nodes [data-node={node}]")
+            assert "2 GPUs (a100)" in text and "batch" in text, text
+            assert p.locator(f"#nodes [data-node={node}] .slot").count() == 2
+        assert "node1, node2" in p.inner_text("#partitions tr[data-partition=batch]")
+        assert p.inner_text("#cluster-error") == ""
+        ui.assert_clean()
+    finally:
+        ui.close()

@@ -3,6 +3,7 @@ and time-series paths), their auth matrix and bounds, and the pages (on SQLite a
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
@@ -12,8 +13,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hpc_master.api.session_cookie import CSRF_COOKIE, SESSION_COOKIE, csrf_token_for
 from hpc_master.db.engine import transaction
+from hpc_master.db.models import TrialRunModel
 from hpc_master.services.users import mint_trial_token
+from slurm_backend.cli import SlurmCli
+from slurm_backend.cluster_view import CachedClusterView
 from tests.master.helpers import login
+from tests.unit.test_cluster_view import CountingRunner
 from tests.webui.seed import seed_experiment, seed_user
 
 
@@ -25,6 +30,8 @@ def seeded(client: TestClient, sessions: sessionmaker[Session]) -> dict[str, Any
         asha, asha_trials = seed_experiment(s, alice, name="asha", trials=6, points=500, asha=True)
         single, single_trials = seed_experiment(s, bob, name="single", trials=1, points=50, state="ACTIVE")
         trial_token = mint_trial_token(s, asha_trials[0])
+    # The cluster page reads a scripted Slurm (the captured answer), never the machine's.
+    client.app.state.cluster_view = CachedClusterView(SlurmCli(runner=CountingRunner()))  # type: ignore[attr-defined]
     return {
         "asha": asha,
         "asha_trials": asha_trials,
@@ -117,6 +124,7 @@ UI_READS = [
     "/api/v1/experiments/{asha}/metrics-stream/trials-sample?metricName=loss&group=training",
     "/api/v1/experiments/{asha}/metrics-stream/trials-snapshot?metricName=accuracy&batchesProcessed=500",
     "/api/v1/trials/time-series?trialIds={trial}",
+    "/api/v1/webui/cluster",
 ]
 
 
@@ -282,6 +290,46 @@ def test_openapi_has_the_data_routes(client: TestClient) -> None:
         "/api/v1/experiments/{experiment_id}/metrics-stream/metric-names",
         "/api/v1/trials/time-series",
         "/api/v1/webui/experiments",
+        "/api/v1/webui/cluster",
     ):
         assert p in paths
     assert "/experiments/{rest}" not in paths and "/" not in paths
+
+
+def test_cluster_view_partitions_nodes_and_queue(
+    client: TestClient, seeded: dict[str, Any], sessions: sessionmaker[Session]
+) -> None:
+    """Partitions and nodes with GPUs used/free from (captured) scontrol, Slurm asked once per cache period
+    whoever asks, and the queued runs with Slurm's pending reason and since when."""
+    trial = seeded["single_trials"][0]
+    with transaction(sessions) as s:
+        run = s.query(TrialRunModel).filter_by(trial_id=trial).one()
+        run.state = "PENDING"
+        run.pending_reason = "Resources"
+        run.pending_since = dt.datetime(2026, 11, 24, 7, 0, tzinfo=dt.UTC)
+    bob = login(client, "bob", "bob-pw")
+    alice = login(client, "alice", "alice-pw")
+    body = client.get("/api/v1/webui/cluster", headers=bob).json()
+    assert client.get("/api/v1/webui/cluster", headers=alice).status_code == 200
+    cache = client.app.state.cluster_view  # type: ignore[attr-defined]
+    assert cache.fetches == 1 and len(cache.cli.runner.calls) == 2
+    assert body["error"] == "" and body["cacheSeconds"] == 5.0
+    pools = {p["name"]: p for p in body["resourcePools"]}
+    assert pools["batch"]["defaultComputePool"] and pools["batch"]["agentIds"] == ["node1", "node2"]
+    assert (pools["batch"]["slotsAvailable"], pools["batch"]["slotsUsed"], pools["batch"]["slotsFree"]) == (
+        4,
+        1,
+        3,
+    )
+    agents = {a["id"]: a for a in body["agents"]}
+    assert (agents["node1"]["numSlots"], agents["node1"]["slotsUsed"], agents["node1"]["gpuType"]) == (
+        2,
+        1,
+        "a100",
+    )
+    assert agents["node2"]["slotsFree"] == 2
+    (queued,) = body["queued"]
+    assert queued["trialId"] == trial and queued["experimentId"] == seeded["single"]
+    assert queued["owner"] == "bob" and queued["experimentName"] == "single"
+    assert queued["pendingReason"] == "Resources" and queued["pendingSince"] == "2026-11-24T07:00:00Z"
+    assert queued["waitingIn"] == "slurm"

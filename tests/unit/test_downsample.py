@@ -61,3 +61,21 @@ def test_bounded_and_extremes_kept(by_step: dict[int, float], max_points: int) -
     assert min(values) == min(v for _, v in points)
     assert max(values) == max(v for _, v in points)
     assert all(p in set(points) for p in out)
+
+
+def test_from_points_builds_what_add_builds() -> None:
+    """The first read's one-pass builder equals ``add()`` point by point (values without ties)."""
+    rng = random.Random(7)
+    for n, every in ((1, 1), (10, 3), (5000, 10), (20_000, 1)):
+        steps = [(i + 1) * every for i in range(n)]
+        rng.shuffle(steps)
+        values = [rng.random() for _ in steps]
+        values[n // 2] = float("nan")
+        one_by_one = MinMaxCurve(max_buckets=64)
+        for s, v in zip(steps, values, strict=True):
+            one_by_one.add(s, v)
+        bulk = MinMaxCurve.from_points(steps, values, 64)
+        assert bulk.width == one_by_one.width and bulk.count == one_by_one.count
+        assert bulk.first == one_by_one.first and bulk.last == one_by_one.last
+        for max_points in (0, 50, 1000):
+            assert bulk.points(max_points) == one_by_one.points(max_points)

@@ -24,7 +24,10 @@ from sqlalchemy.engine import make_url
 
 from hpc_master.db.engine import make_engine, transaction
 from hpc_master.masterconf import parse_master_config
+from slurm_backend.cli import SlurmCli
+from slurm_backend.cluster_view import CachedClusterView
 from tests.conftest import require
+from tests.unit.test_cluster_view import CountingRunner
 from tests.webui.seed import seed_experiment, seed_user
 
 CHROMIUM = os.environ.get("DET_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -43,6 +46,7 @@ class UiMaster:
     url: str
     engine: Any
     data: dict[str, Any] = field(default_factory=dict)
+    app: Any = None
 
     def login(self, username: str, password: str) -> dict[str, str]:
         r = httpx.post(f"{self.url}/api/v1/auth/login", json={"username": username, "password": password})
@@ -101,6 +105,8 @@ def ui_master(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     )
     engine = make_engine(url)
     app = create_app(config, engine=engine)
+    # The cluster page reads a scripted Slurm (the captured answer; the real one is tests/e2e's).
+    app.state.cluster_view = CachedClusterView(SlurmCli(runner=CountingRunner()))
     from sqlalchemy.orm import sessionmaker
 
     sessions = sessionmaker(engine, expire_on_commit=False)
@@ -117,7 +123,7 @@ def ui_master(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         data["bob"], data["bob_trials"] = seed_experiment(s, bob, name="bobs-run", trials=3, points=100)
     server, thread = serve(app, port)
     try:
-        yield UiMaster(url=f"http://127.0.0.1:{port}", engine=engine, data=data)
+        yield UiMaster(url=f"http://127.0.0.1:{port}", engine=engine, data=data, app=app)
     finally:
         server.should_exit = True
         thread.join(10)

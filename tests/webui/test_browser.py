@@ -52,7 +52,6 @@ def test_researcher_pages(ui_master: UiMaster, page_factory: Any) -> None:
     p.wait_for_selector("#learning-curves canvas")
     p.wait_for_selector("#learning-curves[data-series='12']")
     assert "12 trials" in p.inner_text("#curves-note")
-    p.hover("#learning-curves .u-over", position={"x": 300, "y": 120})
     shot(p, "learning-curves")
 
     p.click("a[data-tab=search]")
@@ -69,8 +68,8 @@ def test_researcher_pages(ui_master: UiMaster, page_factory: Any) -> None:
     shot(p, "trials")
 
     p.click("a[data-tab=hyperparameters]")
-    p.wait_for_selector("#pcoords svg path")
-    assert p.locator("#pcoords svg path").count() == 12
+    p.wait_for_selector("#pcoords svg g.trial")
+    assert p.locator("#pcoords svg g.trial").count() == 12
     p.wait_for_selector("#hp-scatter canvas")
     shot(p, "hyperparameters")
 

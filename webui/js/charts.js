@@ -59,6 +59,11 @@ export function learningCurves(container, trials, opts) {
     axes: [{ label: "batches" }, { label: opts.metric, size: 70 }],
     focus: { alpha: 0.25 },
     cursor: {
+      // The grid is sparse (a trial has a value only in the columns of its own buckets), and uPlot 1.6.32
+      // treats null as a value unless told to skip it: the cursor's index then holds null for every
+      // series, no line is ever "closest", focus never changes and the tooltip never shows. Skipping
+      // null makes each series' cursor index its nearest real point.
+      hover: { skip: [null, undefined] },
       focus: { prox: 24 }, drag: { x: true, y: false },
       points: { show: false },
     },
@@ -69,16 +74,17 @@ export function learningCurves(container, trials, opts) {
   }, data, target);
 
   function showTip(u) {
-    const i = u.cursor.idx;
-    if (focused < 1 || i === null || i === undefined || u.cursor.left < 0) { tooltip.style.display = "none"; return; }
+    const i = focused > 0 && u.cursor.idxs ? u.cursor.idxs[focused] : null;
+    if (focused < 1 || i === null || i === undefined || u.cursor.left < 0) { tooltip.style.display = "none"; delete container.dataset.hoverTrial; return; }
     const t = trials[focused - 1];
-    let v = u.data[focused][i];
-    for (let d = 1; v === null && d < 6; d++) v = u.data[focused][i - d] ?? u.data[focused][i + d] ?? null;
+    const v = u.data[focused][i];
+    container.dataset.hoverTrial = String(t.trialId);
     tooltip.replaceChildren(h("b", {}, `Trial ${t.trialId}`), ` · ${opts.metric} ${num(v)} at ≈${num(Math.round(u.data[0][i]))} batches`, h("br"), hparamsText(t.hparams) || "no hyperparameters", h("br"), h("span", { class: "muted" }, "click to open the trial"));
     tooltip.style.display = "block";
-    const left = u.cursor.left + u.over.offsetLeft + 14;
-    tooltip.style.left = `${Math.min(left, width(container) - 300)}px`;
-    tooltip.style.top = `${u.cursor.top + u.over.offsetTop + 14}px`;
+    const over = u.over.getBoundingClientRect(), box = container.getBoundingClientRect();
+    const left = u.cursor.left + over.left - box.left + 14;
+    tooltip.style.left = `${Math.max(0, Math.min(left, box.width - tooltip.offsetWidth - 4))}px`;
+    tooltip.style.top = `${u.cursor.top + over.top - box.top + 14}px`;
   }
   let downAt = null;
   plot.over.addEventListener("mousedown", (e) => { downAt = [e.clientX, e.clientY]; });
@@ -86,7 +92,9 @@ export function learningCurves(container, trials, opts) {
     if (downAt && Math.abs(e.clientX - downAt[0]) < 4 && Math.abs(e.clientY - downAt[1]) < 4 && focused > 0) opts.onClick(trials[focused - 1].trialId);
     downAt = null;
   });
-  plot.over.addEventListener("mouseleave", () => { tooltip.style.display = "none"; });
+  plot.over.addEventListener("mouseleave", () => { tooltip.style.display = "none"; delete container.dataset.hoverTrial; });
+  plot.over.style.cursor = "pointer";
+  container.plot = plot; // for tests and the console: the chart's scales and data (valToPos, data)
   return plot;
 }
 

@@ -108,6 +108,7 @@ function curves(env) {
   let plot = null;
   let drawTimer = null;
   let signal = null;
+  let firstDraw = false;
 
   stream(`/experiments/${env.id}/metrics-stream/metric-names`, { params: { periodSeconds: 2 }, signal: env.signal(), onMessage: (m) => {
     const first = names === null;
@@ -158,6 +159,9 @@ function curves(env) {
     const log = view.log && trials.every((t) => t.data.every((p) => p.value > 0));
     plot = learningCurves(chartBox, trials, { metric: view.metric, log, best, onClick: (trialId) => env.navigate(`/trials/${trialId}`) });
     chartBox.dataset.series = String(trials.length);
+    // When the curves were first drawn and painted (the next frame), in ms since navigation start: the
+    // benchmark's "interactive" marker (bench/webui_curves.py).
+    if (!firstDraw) { firstDraw = true; requestAnimationFrame(() => { chartBox.dataset.drawnAt = String(Math.round(performance.now())); performance.mark("curves-drawn"); }); }
   }
   env.aborts.push({ abort: () => { if (plot) plot.destroy(); clearTimeout(drawTimer); } });
 }

@@ -2,7 +2,7 @@
 // (a small SVG: uPlot has no such chart), and the metric against each hyperparameter (uPlot scatter).
 import { api, stream } from "../api.js";
 import { scatter } from "../charts.js";
-import { flatten, h, num, replace } from "../dom.js";
+import { flatten, h, hparamsText, num, replace } from "../dom.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 const s = (tag, attrs = {}, ...kids) => { const el = document.createElementNS(SVG, tag); for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v); el.append(...kids); return el; };
@@ -69,12 +69,26 @@ function parallel(box, rows, keys, metric, smaller, onClick) {
   const m = scales[axes.length - 1];
   const colour = (v) => { const t = m.hi === m.lo ? 0.5 : (v - m.lo) / (m.hi - m.lo); const good = smaller ? 1 - t : t; return `hsl(${Math.round(10 + good * 200)}, 70%, 45%)`; };
   const svg = s("svg", { class: "pcoords", width, height, viewBox: `0 0 ${width} ${height}` });
+  const tooltip = h("div", { class: "tooltip", style: { display: "none" } });
+  const lines = s("g", {});
   for (const r of rows) {
     const d = axes.map((k, i) => `${i ? "L" : "M"}${x(i).toFixed(1)},${y(i, i === axes.length - 1 ? r.metric : r.hp[k]).toFixed(1)}`).join(" ");
-    const path = s("path", { d, stroke: colour(r.metric) }, s("title", {}, `trial ${r.trialId}: ${metric} ${num(r.metric)}`));
-    path.addEventListener("click", () => onClick(r.trialId));
-    svg.append(path);
+    // A wide transparent twin takes the pointer: a 1-pixel line is too thin to hover or click.
+    const line = s("g", { class: "trial", "data-trial": r.trialId }, s("path", { d, stroke: colour(r.metric), class: "line" }), s("path", { d, class: "hit" }));
+    line.addEventListener("click", () => onClick(r.trialId));
+    line.addEventListener("mousemove", (ev) => {
+      lines.append(line); // drawn last, on top of the others
+      tooltip.replaceChildren(h("b", {}, `Trial ${r.trialId}`), ` · ${metric} ${num(r.metric)}`, h("br"), hparamsText(r.hparams) || "no hyperparameters", h("br"), h("span", { class: "muted" }, "click to open the trial"));
+      tooltip.style.display = "block";
+      const at = box.getBoundingClientRect();
+      tooltip.style.left = `${Math.max(0, Math.min(ev.clientX - at.left + 14, at.width - tooltip.offsetWidth - 4))}px`;
+      tooltip.style.top = `${ev.clientY - at.top + 14}px`;
+      box.dataset.hoverTrial = String(r.trialId);
+    });
+    line.addEventListener("mouseleave", () => { tooltip.style.display = "none"; delete box.dataset.hoverTrial; });
+    lines.append(line);
   }
+  svg.append(lines);
   axes.forEach((k, i) => {
     svg.append(s("line", { x1: x(i), x2: x(i), y1: pad, y2: height - pad, stroke: "#98a2b3" }));
     svg.append(s("text", { x: x(i), y: 16, "text-anchor": i === 0 ? "start" : i === axes.length - 1 ? "end" : "middle", style: "font-weight:600;fill:#1d2430" }, k));
@@ -82,5 +96,5 @@ function parallel(box, rows, keys, metric, smaller, onClick) {
     const ticks = sc.cats ? sc.cats : [sc.lo, sc.hi];
     for (const t of ticks) svg.append(s("text", { x: x(i) + 4, y: y(i, sc.cats ? t : t) + 4 }, sc.cats ? t : num(t)));
   });
-  box.append(h("h3", {}, `Parallel coordinates (colour: ${metric}, blue is best; click a line to open its trial)`), svg);
+  box.append(h("h3", {}, `Parallel coordinates (colour: ${metric}, blue is best; click a line to open its trial)`), svg, tooltip);
 }
