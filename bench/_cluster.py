@@ -31,7 +31,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def require_cluster() -> Researcher:
-    from slurm_backend.local.cluster import is_up
+    from local_cluster.cluster import is_up
 
     if os.geteuid() != 0 or not is_up() or shutil.which("sbatch") is None:
         raise SystemExit(

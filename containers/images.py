@@ -31,6 +31,14 @@ from typing import Literal
 
 from containers.runtime import ContainerRuntime, find_program
 
+DEFAULT_CACHE_SUBDIR = "images"
+
+
+def default_cache_dir(job_storage_root: str) -> str:
+    """A pool's image cache when no ``image_cache_dir`` is configured: ``<job_storage_root>/images``."""
+    return os.path.join(job_storage_root, DEFAULT_CACHE_SUBDIR)
+
+
 PULL_SCHEMES = ("docker://", "oras://", "library://", "shub://", "http://", "https://")
 SIF_SUFFIXES = (".sif", ".simg")
 DEFAULT_PULL_TIMEOUT_S = 3600

@@ -1,8 +1,8 @@
-"""The project's one exception root.
+"""The project's one exception root, importable by every room; it imports nothing of the project.
 
 Every error a user can cause is a `ClientError` carrying a stable `code`, a human `message` and, where it
 applies, the offending `field` path (for example ``searcher.max_trials``). HTTP mapping happens once, in the
-API layer; the CLI prints `str(error)` without a traceback unless ``DET_DEBUG`` is set.
+API layer (``hpc_master.api.app``); the CLI prints `str(error)` without a traceback unless ``DET_DEBUG`` is set.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 The shape is Determined's ``ClusterInfo`` so ``det.get_cluster_info()`` works unchanged. Every path or value that
 comes from the environment is read through a ``get_*()`` function so tests can redirect it.
+
+A public contract: ``launchers`` (chief address, port offset) and the ``determined`` facade read the job's cluster
+info through this module, so renaming or removing a name here breaks them.
 """
 
 from __future__ import annotations

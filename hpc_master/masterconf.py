@@ -12,6 +12,7 @@ import ipaddress
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -247,6 +248,36 @@ class MasterConfig(StrictModel):
 
     def passwords_required(self) -> bool:
         return self.security.require_passwords or self.listens_beyond_loopback()
+
+
+@dataclass(frozen=True)
+class PoolContainer:
+    """Which runtime, default image and cache directory a resource pool uses. A pool's ``container:`` section
+    overrides the top-level ``container:`` key by key (only the keys it sets)."""
+
+    runtime: str  # apptainer | singularity | none
+    image: str | None  # the pool's default image
+    cache_dir: str | None  # None: containers.images.default_cache_dir(job storage root)
+    command: str | None = None  # the runtime's executable; None: the runtime's name on PATH
+
+
+def pool_container(master: MasterConfig, pool_name: str | None = None) -> PoolContainer:
+    name = pool_name or master.default_resource_pool
+    pool = master.resource_pools.get(name)
+    top = master.container
+    own = pool.container if pool is not None else None
+    chosen = own.model_fields_set if own is not None else set()
+
+    def pick(key: str) -> object:
+        return getattr(own, key) if own is not None and key in chosen else getattr(top, key)
+
+    cache = pick("image_cache_dir")
+    return PoolContainer(
+        runtime=str(pick("runtime")),
+        image=str(pick("image")) if pick("image") else None,
+        command=str(pick("command")) if pick("command") else None,
+        cache_dir=str(cache) if cache else None,
+    )
 
 
 def is_loopback(host: str) -> bool:

@@ -5,7 +5,7 @@
     job_id = SlurmCli().submit(plan.script, as_user=trial.owner)
 
 The job runs ``python -S -m harness.exec.job_entry --run-dir RUN_DIR``, which reads the files written here (the
-contract is in ``harness.exec._job_plan``). The session token is only ever in ``RUN_DIR/session_token`` (0600):
+contract is in ``harness.exec.job_plan``). The session token is only ever in ``RUN_DIR/session_token`` (0600):
 never in the script, the sbatch command line or ``plan.json``.
 """
 
@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from containers.images import default_cache_dir
 from containers.job import container_section
-from containers.settings import default_cache_dir, pool_container
-from harness.exec import _job_plan as run_files
+from harness.exec import job_plan as run_files
 from hpc_master.errors import ConfigError
 from hpc_master.expconf import DirectoryStorage, ExperimentConfig, SharedFSStorage
-from hpc_master.masterconf import MasterConfig
+from hpc_master.masterconf import MasterConfig, pool_container
 from slurm_backend.render import render_sbatch_script
 from slurm_backend.resources import slots_to_nodes
 from slurm_backend.spec import GpuRequestStyle, JobSpec
@@ -136,7 +136,7 @@ class TrialJobInputs:
 class JobPaths:
     job_storage_root: str  # shared filesystem: <root>/exp-E/trial-T/run-R
     checkpoint_root: str  # used when the config has no checkpoint_storage
-    platform_root: str  # the repository: harness/, launchers/, harness/compat
+    platform_root: str  # the repository: harness/, launchers/, determined_compat/
     python: str  # interpreter with the platform's dependencies, on every node
 
 
@@ -242,7 +242,7 @@ def build_trial_job(
     allocation_id = f"{trial.trial_id}.{trial.trial_run_id}"
     root = paths.platform_root.rstrip("/") or "/"
     env: list[tuple[str, str]] = [
-        ("PYTHONPATH", f"{posixpath.join(root, 'harness', 'compat')}:{root}"),
+        ("PYTHONPATH", f"{posixpath.join(root, 'determined_compat')}:{root}"),
         ("DET_MASTER", master_url),
         ("DET_EXPERIMENT_ID", str(trial.experiment_id)),
         ("DET_TRIAL_ID", str(trial.trial_id)),

@@ -53,7 +53,7 @@ def parse_args(args: list[str]) -> tuple[list[str], list[str]]:
 
 
 def slots_per_node() -> int:
-    from harness._info import get_cluster_info
+    from harness.cluster_info import get_cluster_info
 
     info = get_cluster_info()
     if info is not None:

@@ -46,7 +46,7 @@ C10D_PORT_BASE = 29400
 
 
 def c10d_port() -> int:
-    from harness._info import get_port_offset
+    from harness.cluster_info import get_port_offset
 
     return C10D_PORT_BASE + get_port_offset()
 
@@ -127,7 +127,7 @@ def node_facts() -> tuple[int, int, int, str]:
     ``SLURM_JOB_NODELIST`` resolved (a bare ``sbatch`` job): never loopback for several nodes, where every
     node would rendezvous with itself.
     """
-    from harness._info import get_chief_ip, get_cluster_info
+    from harness.cluster_info import get_chief_ip, get_cluster_info
 
     info = get_cluster_info()
     env = os.environ
@@ -144,7 +144,7 @@ def node_facts() -> tuple[int, int, int, str]:
 
 def _first_node_addr() -> str:
     """The first node of the Slurm allocation (where torchrun's c10d store runs), when no cluster info says."""
-    from harness.exec._job_nodes import NodeListError, container_addrs
+    from harness.exec.job_nodes import NodeListError, container_addrs
 
     try:
         return container_addrs(os.environ)[0]

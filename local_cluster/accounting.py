@@ -10,8 +10,8 @@ import os
 import secrets
 import subprocess
 
-from slurm_backend.local import render, system
-from slurm_backend.local.spec import LocalClusterSpec
+from local_cluster import render, system
+from local_cluster.spec import LocalClusterSpec
 
 
 def start(spec: LocalClusterSpec, slurm_env: dict[str, str]) -> None:

@@ -13,7 +13,7 @@ import pwd
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_backend.local import cleanup, system
+from local_cluster import cleanup, system
 
 log = logging.getLogger(__name__)
 

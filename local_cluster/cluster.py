@@ -17,9 +17,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm_backend.local import accounting, accounts, cleanup, hosts, render, system
-from slurm_backend.local.spec import LocalClusterSpec, get_state_dir
-from slurm_backend.local.system import LocalClusterError
+from local_cluster import accounting, accounts, cleanup, hosts, render, system
+from local_cluster.spec import LocalClusterSpec, get_state_dir
+from local_cluster.system import LocalClusterError
 
 log = logging.getLogger(__name__)
 

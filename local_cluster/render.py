@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slurm_backend.local.spec import (
+from local_cluster.spec import (
     PARTITION_DEFAULT,
     PARTITION_SHORT,
     PARTITION_URGENT,

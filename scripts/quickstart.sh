@@ -48,7 +48,7 @@ id "$USER_NAME" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$USE
 USER_HOME=$(getent passwd "$USER_NAME" | cut -d: -f6)
 [ -d "$USER_HOME" ] || install -d -o "$USER_NAME" -g "$USER_NAME" -m 0755 "$USER_HOME"
 HOST=$(python -c 'import json
-from slurm_backend.local.spec import LocalClusterSpec, get_state_dir
+from local_cluster.spec import LocalClusterSpec, get_state_dir
 record = json.loads((get_state_dir() / "state.json").read_text())
 print(LocalClusterSpec.from_json(record["spec"]).controller_ip)') || die "cannot read the cluster's bridge address"
 URL=http://$HOST:$PORT

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from hpc_master.errors import ClientError, ConfigError, SlurmError
+from det_errors import ClientError, ConfigError, SlurmError
 from slurm_backend import parse
 from slurm_backend.states import JobStatus
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from hpc_master.errors import SlurmError
+from det_errors import SlurmError
 from slurm_backend.states import JobStatus, Outcome, base_state, outcome_for
 
 # %A job id (no array formatting), %T long state, %r reason, %N nodes, %S start, %e end.

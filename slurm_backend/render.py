@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from hpc_master.errors import ClientError
+from det_errors import ClientError
 from slurm_backend.sbatch_args import option_name
 from slurm_backend.spec import JobSpec
 

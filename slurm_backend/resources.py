@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpc_master.errors import ClientError
+from det_errors import ClientError
 
 FIELD = "resources.slots_per_trial"
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from hpc_master.errors import ClientError
+from det_errors import ClientError
 
 FIELD = "slurm.sbatch_args"
 Arg = Literal["yes", "no", "optional"]

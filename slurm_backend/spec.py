@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from hpc_master.errors import ClientError
+from det_errors import ClientError
 from slurm_backend.sbatch_args import validate_sbatch_args
 
 GpuRequestStyle = Literal["gres", "gpus_per_node", "none"]

@@ -1,6 +1,8 @@
 """A ``determined`` package for jobs: scripts written against Determined's public Core API run unmodified.
 
-The job entry puts ``harness/compat`` on ``PYTHONPATH`` for the job only; it is never installed globally.
+The job script puts ``determined_compat/`` on ``PYTHONPATH`` for the job only; it is never installed globally.
+This room is a facade over ``harness`` (Core API, Trial API, cluster info) and ``launchers``
+(``determined.launch.*``); neither imports it.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import importlib
 from typing import Any
 
 from harness import core
-from harness._info import LOG_FORMAT, ClusterInfo, TrialInfo, get_cluster_info
+from harness.cluster_info import LOG_FORMAT, ClusterInfo, TrialInfo, get_cluster_info
 from harness.core import InvalidHP
 
 __version__ = "0.37.0+hpcdet"

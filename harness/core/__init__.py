@@ -1,6 +1,6 @@
 """The Core API, source-compatible with Determined's ``determined.core``."""
 
-from harness._info import ClusterInfo, TrialInfo, get_cluster_info
+from harness.cluster_info import ClusterInfo, TrialInfo, get_cluster_info
 from harness.core._checkpoint import CheckpointContext, DownloadMode, DummyCheckpointContext
 from harness.core._context import Context, InvalidHP, _dummy_init, init
 from harness.core._distributed import DistributedContext, DummyDistributedContext

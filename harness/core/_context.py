@@ -9,7 +9,7 @@ import sys
 import types
 from typing import Any
 
-from harness import _info
+from harness import cluster_info
 from harness._http import MasterSession
 from harness.core._checkpoint import CheckpointContext, DummyCheckpointContext
 from harness.core._distributed import DistributedContext, DummyDistributedContext
@@ -35,7 +35,7 @@ class Context:
         preempt: PreemptContext | None = None,
         train: TrainContext | None = None,
         searcher: SearcherContext | None = None,
-        info: _info.ClusterInfo | None = None,
+        info: cluster_info.ClusterInfo | None = None,
         _shipper: MetricsShipper | None = None,
         _session: MasterSession | None = None,
     ) -> None:
@@ -96,7 +96,7 @@ def _storage_path(
         return pathlib.Path(checkpoint_storage)
     spec = checkpoint_storage if isinstance(checkpoint_storage, dict) else None
     if spec is None:
-        root = _info.get_storage_root()
+        root = cluster_info.get_storage_root()
         if root is not None:
             return root
         spec = config.get("checkpoint_storage")
@@ -109,7 +109,7 @@ def _storage_path(
     return None
 
 
-def _detect_distributed(info: _info.ClusterInfo) -> DistributedContext:
+def _detect_distributed(info: cluster_info.ClusterInfo) -> DistributedContext:
     if "WORLD_SIZE" in os.environ and "LOCAL_WORLD_SIZE" in os.environ:
         return DistributedContext.from_torch_distributed()
     if len(info.container_addrs) > 1 or len(info.slot_ids) > 1:
@@ -126,7 +126,7 @@ def _dummy_init(
 ) -> Context:
     """A Context for off-cluster runs: metrics are logged, checkpoints go to a local directory."""
     distributed = distributed or DummyDistributedContext()
-    base = _storage_path(checkpoint_storage, {}) or _info.get_local_storage_root()
+    base = _storage_path(checkpoint_storage, {}) or cluster_info.get_local_storage_root()
     logger.info("off-cluster: storing checkpoints in %s", base)
     return Context(
         checkpoint=DummyCheckpointContext(distributed, base),
@@ -151,7 +151,7 @@ def init(
     Off-cluster (no ``DET_CLUSTER_INFO``) it falls back to the ``Dummy*`` contexts. On a multi-slot task,
     ``distributed`` is taken from torchrun's environment when not given.
     """
-    info = _info.get_cluster_info()
+    info = cluster_info.get_cluster_info()
     if info is None:
         return _dummy_init(
             distributed=distributed, checkpoint_storage=checkpoint_storage, preempt_mode=preempt_mode

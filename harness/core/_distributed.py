@@ -7,7 +7,7 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
-from harness import _info
+from harness import cluster_info
 
 if TYPE_CHECKING:  # imported by the first multi-rank context: a one-rank trial never needs it (pickle, hmac)
     from harness.core._star import StarClient, StarServer
@@ -62,7 +62,7 @@ class DistributedContext:
         self._is_chief = rank == 0
         self._is_local_chief = local_rank == 0
         if port_offset is None:
-            port_offset = 0 if pub_port is not None else _info.get_port_offset()
+            port_offset = 0 if pub_port is not None else cluster_info.get_port_offset()
         self._pub_port = (pub_port if pub_port is not None else _default_port()) + port_offset
         self._pull_port = pull_port + port_offset
         if local_size != size:
@@ -130,7 +130,7 @@ class DistributedContext:
             local_size=local_size,
             cross_rank=int(os.environ.get("GROUP_RANK") or 0),
             cross_size=int(os.environ.get("GROUP_WORLD_SIZE") or max(1, size // local_size)),
-            chief_ip=chief_ip or _info.get_chief_ip() or os.environ.get("MASTER_ADDR"),
+            chief_ip=chief_ip or cluster_info.get_chief_ip() or os.environ.get("MASTER_ADDR"),
         )
 
     @classmethod
@@ -142,7 +142,7 @@ class DistributedContext:
             local_size=hvd.local_size(),
             cross_rank=hvd.cross_rank(),
             cross_size=hvd.cross_size(),
-            chief_ip=chief_ip or _info.get_chief_ip(),
+            chief_ip=chief_ip or cluster_info.get_chief_ip(),
         )
 
     @classmethod
@@ -154,7 +154,7 @@ class DistributedContext:
             local_size=int(os.environ["LOCAL_SIZE"]),
             cross_rank=int(os.environ["CROSS_RANK"]),
             cross_size=int(os.environ["CROSS_SIZE"]),
-            chief_ip=chief_ip or _info.get_chief_ip(),
+            chief_ip=chief_ip or cluster_info.get_chief_ip(),
         )
 
     @classmethod
@@ -175,7 +175,7 @@ class DistributedContext:
             local_size=hosts.count(me),
             cross_rank=nodes.index(me),
             cross_size=len(nodes),
-            chief_ip=chief_ip or _info.get_chief_ip(),
+            chief_ip=chief_ip or cluster_info.get_chief_ip(),
         )
 
     # -- info ----------------------------------------------------------------------------------------

@@ -29,9 +29,9 @@ logger = logging.getLogger("harness.metrics")
 
 
 def get_spill_dir() -> pathlib.Path:
-    from harness import _info
+    from harness import cluster_info
 
-    base = _info.get_job_storage() or pathlib.Path(tempfile.gettempdir())
+    base = cluster_info.get_job_storage() or pathlib.Path(tempfile.gettempdir())
     return base / ".harness-metrics-spill"
 
 

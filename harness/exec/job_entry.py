@@ -1,7 +1,7 @@
 """The first thing every trial job runs: ``python -m harness.exec.job_entry --run-dir DIR``. Standard library only.
 
 1. reads the run directory the master wrote (``plan.json``, ``session_token``, ``cluster_info.template.json``;
-   layout in ``harness.exec._job_plan``) and builds the environment (the config's ``environment_variables``,
+   layout in ``harness.exec.job_plan``) and builds the environment (the config's ``environment_variables``,
    then the ``DET_*`` variables, which win; ``PYTHONPATH`` keeps ours first);
 2. resolves ``container_addrs`` from ``SLURM_JOB_NODELIST`` and writes ``cluster_info.json`` (one file for all
    nodes: the harness takes ``container_rank`` from ``SLURM_NODEID``);
@@ -30,9 +30,9 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 
-from harness.exec import _job_plan as plan_files
-from harness.exec._job_nodes import NodeListError, container_addrs
+from harness.exec import job_plan as plan_files
 from harness.exec._job_unpack import DEFAULT_MAX_BYTES, UnsafeArchiveError, fingerprint, unpack_context
+from harness.exec.job_nodes import NodeListError, container_addrs
 
 # Every job starts this module before its entrypoint, so what it imports is paid on every launch: typing,
 # datetime, shutil (with bz2 and lzma) and the container modules are kept off that path (type-only imports

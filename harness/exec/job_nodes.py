@@ -1,5 +1,7 @@
 """The job's node addresses (``container_addrs``), from Slurm's node list. Standard library only.
 
+A public contract: the job entry and ``launchers.torch_distributed`` (the rendezvous host) both read it.
+
 Host names come from ``scontrol show hostnames $SLURM_JOB_NODELIST`` (Slurm's own expansion), else from
 :func:`expand_nodelist` when scontrol is missing (off-cluster tests). Each name is resolved to an IPv4 address.
 Overrides, for tests and for sites whose node names resolve to the wrong network:

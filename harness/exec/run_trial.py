@@ -30,7 +30,7 @@ def _load_config(path: str | None) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness._info import LOG_FORMAT
+    from harness.cluster_info import LOG_FORMAT
 
     parser = argparse.ArgumentParser(prog="python -m harness.exec.run_trial", description=__doc__)
     parser.add_argument("entrypoint", help="module:TrialClass")

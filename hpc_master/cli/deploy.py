@@ -7,9 +7,9 @@ import json
 import socket
 import time
 
-from slurm_backend.local.cluster import down, status, up
-from slurm_backend.local.spec import LocalClusterSpec, get_state_dir
-from slurm_backend.local.system import LocalClusterError
+from local_cluster.cluster import down, status, up
+from local_cluster.spec import LocalClusterSpec, get_state_dir
+from local_cluster.system import LocalClusterError
 
 __all__ = ["LocalClusterError", "register"]
 

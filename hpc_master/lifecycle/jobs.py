@@ -71,7 +71,12 @@ from slurm_backend.cli import SlurmUnavailableError, SubmitLimitError
 log = logging.getLogger(__name__)
 PLATFORM_ROOT = str(Path(hpc_master.__file__).resolve().parents[1])
 CONTEXT_FILE = "context.tar.gz"
-JOB_PACKAGES = ("harness", "containers", "launchers")  # what jobs import from the platform's install
+JOB_PACKAGES = (
+    "harness",
+    "containers",
+    "launchers",
+    "determined_compat",
+)  # what jobs import from the platform's install
 
 
 def compile_job_code(root: str = PLATFORM_ROOT) -> bool:

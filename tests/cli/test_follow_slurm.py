@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_backend.local.cluster import is_up
+from local_cluster.cluster import is_up
 from tests.cli.conftest import ADMIN, Det, Master, give_owner_key, running_master, unique
 from tests.conftest import require
 

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from slurm_backend.local.spec import LocalClusterSpec, get_state_dir
+from local_cluster.spec import LocalClusterSpec, get_state_dir
 from tests.slurm.fixtures import SHARED_TEST_ROOT, Researcher
 
 CONTEXT = Path(__file__).parent / "context"

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from slurm_backend.local.cluster import fail_node, start_node
+from local_cluster.cluster import fail_node, start_node
 from tests.e2e.conftest import Master
 from tests.slurm.fixtures import wait_for
 

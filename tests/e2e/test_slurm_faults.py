@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from slurm_backend.local.cluster import kill_controller, start_controller
+from local_cluster.cluster import kill_controller, start_controller
 from tests.e2e.conftest import Master
 from tests.slurm.fixtures import SHARED_TEST_ROOT, Researcher, wait_for
 

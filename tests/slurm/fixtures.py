@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_backend.local.cluster import is_up
+from local_cluster.cluster import is_up
 from tests.conftest import require
 
 REPO = Path(__file__).resolve().parents[2]

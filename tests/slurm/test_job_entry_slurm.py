@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.exec import _job_plan as run_files
+from harness.exec import job_plan as run_files
 from hpc_master.expconf import parse_experiment_config
 from hpc_master.trialjob import JobPaths, PoolSpec, TrialJobInputs, TrialJobPlan, build_trial_job
 from hpc_master.trialjob_files import write_run_dir

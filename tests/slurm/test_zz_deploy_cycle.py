@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_backend.local import hosts, system
-from slurm_backend.local.spec import LocalClusterSpec, get_state_dir
+from local_cluster import hosts, system
+from local_cluster.spec import LocalClusterSpec, get_state_dir
 from tests.slurm.fixtures import Researcher
 
 pytestmark = pytest.mark.slurm

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from slurm_backend.local import cleanup, system
-from slurm_backend.local.spec import LocalClusterSpec, get_state_dir
+from local_cluster import cleanup, system
+from local_cluster.spec import LocalClusterSpec, get_state_dir
 from tests.slurm.fixtures import REPO, Researcher
 
 pytestmark = pytest.mark.slurm

@@ -12,10 +12,9 @@ import pytest
 from containers.images import ImageError, parse_image
 from containers.job import JobContainer, container_section, node_step_argv
 from containers.runtime import Bind, ContainerRuntime, ExecSpec, exec_command, select_env
-from containers.settings import pool_container
 from hpc_master.errors import ConfigError
 from hpc_master.expconf import parse_experiment_config
-from hpc_master.masterconf import parse_master_config
+from hpc_master.masterconf import parse_master_config, pool_container
 from hpc_master.trialjob import JobPaths, PoolSpec, TrialJobInputs, build_trial_job, pool_from_master_config
 
 GOLDEN = Path(__file__).parent / "golden" / "containers"
@@ -36,7 +35,7 @@ HOST_ENV = {
     "CUDA_VISIBLE_DEVICES": "0,1",
     "DET_TRIAL_ID": "7",
     "DET_SESSION_TOKEN": "secret-token",
-    "PYTHONPATH": "/opt/hpc-det/harness/compat:/opt/hpc-det",
+    "PYTHONPATH": "/opt/hpc-det/determined_compat:/opt/hpc-det",
     "MY_FLAG": "a,b=c",
     "NOT_PASSED": "x",
 }
@@ -302,8 +301,7 @@ def test_container_section_binds_platform_code_read_only() -> None:
 
 def test_the_runtime_command_comes_from_the_master_config() -> None:
     """An admin points a pool at a site's own build (e.g. a module path) with `container.command`."""
-    from containers.settings import pool_container
-    from hpc_master.masterconf import parse_master_config
+    from hpc_master.masterconf import parse_master_config, pool_container
 
     master = parse_master_config(
         {
@@ -314,3 +312,20 @@ def test_the_runtime_command_comes_from_the_master_config() -> None:
     assert pool_container(master, "default").command == "/opt/site/bin/singularity"
     gpu = pool_container(master, "gpu")
     assert gpu.runtime == "apptainer" and gpu.command == "/opt/site/bin/singularity"  # inherited key by key
+
+
+def test_prepull_takes_the_pools_runtime_and_cache_from_the_master_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m hpc_master.prepull` reads master.yaml; `containers.prepull` itself never imports the master."""
+    from hpc_master import prepull
+
+    config = tmp_path / "master.yaml"
+    config.write_text(
+        "container: {runtime: apptainer, image_cache_dir: " + str(tmp_path / "sif") + "}\n"
+        "resource_pools: {default: {}, bare: {container: {runtime: none}}}\n"
+    )
+    assert prepull.main(["--config", str(config), "--pool", "bare", "docker://alpine:3"]) == 2
+    assert "no container runtime" in capsys.readouterr().err
+    assert prepull.main(["--config", str(config), str(tmp_path / "local.sif")]) == 0
+    assert "a local image, nothing to pull" in capsys.readouterr().err

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DET_"))}
-    env["PYTHONPATH"] = f"{REPO / 'harness' / 'compat'}:{REPO}"
+    env["PYTHONPATH"] = f"{REPO / 'determined_compat'}:{REPO}"
     env.update(extra)
     return env
 

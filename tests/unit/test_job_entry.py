@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.exec._job_nodes import container_addrs, expand_nodelist
-from harness.exec._job_plan import resolve_entrypoint, tasks_per_slot
 from harness.exec._job_unpack import UnsafeArchiveError, iter_tree, unpack_context
 from harness.exec.job_entry import build_environment
+from harness.exec.job_nodes import container_addrs, expand_nodelist
+from harness.exec.job_plan import resolve_entrypoint, tasks_per_slot
 
 PY = "/venv/bin/python"
 
@@ -212,13 +212,13 @@ def test_tasks_per_slot() -> None:
 def test_environment_ours_win_and_pythonpath_keeps_ours_first() -> None:
     plan = {
         "python": "/venv/bin/python",
-        "env": {"PYTHONPATH": "/p/harness/compat:/p", "DET_TRIAL_ID": "7"},
+        "env": {"PYTHONPATH": "/p/determined_compat:/p", "DET_TRIAL_ID": "7"},
         "user_env": {"DET_TRIAL_ID": "999", "PYTHONPATH": "/mine", "FOO": "bar"},
     }
     env = build_environment(plan, "tok", {"PATH": "/usr/bin", "HOME": "/h"}, ["10.0.0.1", "10.0.0.2"])
     assert env["DET_TRIAL_ID"] == "7"
     assert env["FOO"] == "bar"
-    assert env["PYTHONPATH"] == os.pathsep.join(["/p/harness/compat", "/p", "/mine"])
+    assert env["PYTHONPATH"] == os.pathsep.join(["/p/determined_compat", "/p", "/mine"])
     assert env["PATH"].split(os.pathsep)[:2] == ["/venv/bin", "/usr/bin"]
     assert env["DET_SESSION_TOKEN"] == "tok"
     assert env["DET_CHIEF_IP"] == "10.0.0.1"
@@ -228,15 +228,15 @@ def test_environment_ours_win_and_pythonpath_keeps_ours_first() -> None:
 def test_a_single_node_list_needs_no_scontrol(monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
 
-    from harness.exec import _job_nodes
+    from harness.exec import job_nodes
 
     def no_lookup(name: str) -> None:
         raise AssertionError(f"looked up {name}: one node needs no expansion")
 
     monkeypatch.setattr(shutil, "which", no_lookup)
-    assert _job_nodes.hostnames(" node7 ") == ["node7"]
+    assert job_nodes.hostnames(" node7 ") == ["node7"]
     monkeypatch.undo()
-    assert _job_nodes.hostnames("node[1-2]") == ["node1", "node2"]  # scontrol or our own expansion
+    assert job_nodes.hostnames("node[1-2]") == ["node1", "node2"]  # scontrol or our own expansion
 
 
 def test_the_job_entry_imports_nothing_a_plain_launch_does_not_need() -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_backend.local import cleanup, hosts, render
-from slurm_backend.local.spec import LocalClusterSpec
+from local_cluster import cleanup, hosts, render
+from local_cluster.spec import LocalClusterSpec
 
 GOLDEN = Path(__file__).parent / "golden" / "local_cluster"
 SPEC = LocalClusterSpec(nodes=3, gpus_per_node=4, controller_host="login1", state_dir="/srv/det")
@@ -70,7 +70,7 @@ def test_hosts_block_added_to_file_without_trailing_newline() -> None:
     assert added.startswith("127.0.0.1 localhost\n# BEGIN")
 
 
-# ---- what `down` may remove (slurm_backend/local/cleanup.py); the real cycle: tests/slurm/test_zz_down_keeps_data.py
+# ---- what `down` may remove (local_cluster/cleanup.py); the real cycle: tests/slurm/test_zz_down_keeps_data.py
 def test_make_dirs_returns_only_the_directories_it_created(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     assert cleanup.make_dirs(tmp_path / "a" / "b" / "c") == [tmp_path / "a" / "b", tmp_path / "a" / "b" / "c"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from harness.exec import _job_plan as run_files
+from harness.exec import job_plan as run_files
 from hpc_master.errors import ClientError, ConfigError
 from hpc_master.expconf import parse_experiment_config
 from hpc_master.masterconf import parse_master_config
@@ -154,7 +154,7 @@ def test_env_and_cluster_info() -> None:
     )
     plan = build(cfg, latest_checkpoint="ck-1", steps_completed=10)
     env = dict(plan.env)
-    assert env["PYTHONPATH"] == "/opt/hpc-det/harness/compat:/opt/hpc-det"
+    assert env["PYTHONPATH"] == "/opt/hpc-det/determined_compat:/opt/hpc-det"
     assert env["DET_ALLOCATION_ID"] == "7.2"
     assert env["DET_LATEST_CHECKPOINT"] == "ck-1"
     assert env["DET_CLUSTER_INFO"] == "/shared/det/jobs/exp-3/trial-7/run-2/cluster_info.json"
