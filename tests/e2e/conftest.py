@@ -7,6 +7,7 @@ directories; `Master.kill9()` and `Master.start()` let tests kill it and bring i
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -181,21 +182,27 @@ poll_interval_s: 1
         return "\n".join(parts)
 
 
-@pytest.fixture()
-def master(researcher: Researcher) -> Iterator[Master]:
-    root = SHARED_TEST_ROOT / f"master-{uuid.uuid4().hex[:10]}"
-    root.mkdir(parents=True)
-    root.chmod(0o755)
-    m = Master(root, researcher)
+@contextlib.contextmanager
+def started(m: Master) -> Iterator[Master]:
+    """Run the master for the block; after it, stop it and cancel its jobs (only its own: the cluster is
+    shared with other tests and people)."""
     m.start()
     try:
         yield m
     finally:
         m.stop()
-        # Cancel only this master's jobs (the cluster is shared with other tests and people).
         jobs = m.live_job_ids()
         if jobs:
             subprocess.run(["scancel", "--quiet", *jobs], check=False)
+
+
+@pytest.fixture()
+def master(researcher: Researcher) -> Iterator[Master]:
+    root = SHARED_TEST_ROOT / f"master-{uuid.uuid4().hex[:10]}"
+    root.mkdir(parents=True)
+    root.chmod(0o755)
+    with started(Master(root, researcher)) as m:
+        yield m
 
 
 @pytest.fixture()

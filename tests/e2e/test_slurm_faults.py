@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from local_cluster.cluster import kill_controller, start_controller
-from tests.e2e.conftest import Master
+from tests.e2e.conftest import Master, started
 from tests.slurm.fixtures import SHARED_TEST_ROOT, Researcher, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -215,15 +215,8 @@ def slow_master(researcher: Researcher, monkeypatch: pytest.MonkeyPatch) -> Iter
         shim.write_text(f'#!/bin/sh\nsleep {SLOW_S}\nexec {real} "$@"\n')
         shim.chmod(0o755)
     monkeypatch.setenv("PATH", f"{shims}:{os.environ['PATH']}")
-    m = Master(root, researcher)
-    m.start()
-    try:
+    with started(Master(root, researcher)) as m:
         yield m
-    finally:
-        m.stop()
-        jobs = m.live_job_ids()
-        if jobs:
-            subprocess.run(["scancel", "--quiet", *jobs], check=False)
 
 
 def _latencies(master: Master, headers: dict[str, str], n: int) -> list[float]:
