@@ -14,7 +14,7 @@ import pytest
 from tests.e2e.conftest import Master
 from tests.e2e.test_experiments import LONG, TERMINAL_OK
 from tests.webui.conftest import Page
-from tests.webui.conftest import browser as browser  # the session-wide chromium fixture
+from tests.webui.conftest import browser as browser  # the chromium fixture (one per module)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.browser]
 

@@ -140,8 +140,10 @@ def ui_master(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
                 os.environ[k] = v
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Chromium for one test module. Not for the session: while Playwright's sync API is open, its event loop
+    counts as running in the main thread, and every later test that calls ``asyncio.run`` fails."""
     require(shutil.which(CHROMIUM) is not None or Path(CHROMIUM).exists(), f"chromium ({CHROMIUM})")
     try:
         from playwright.sync_api import sync_playwright
