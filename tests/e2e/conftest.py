@@ -183,15 +183,21 @@ poll_interval_s: 1
 
 
 @contextlib.contextmanager
-def started(m: Master) -> Iterator[Master]:
+def started(m: Master, *, settle_s: float = 0.0) -> Iterator[Master]:
     """Run the master for the block; after it, stop it and cancel its jobs (only its own: the cluster is
-    shared with other tests and people)."""
+    shared with other tests and people). Its own are those it recorded and any job running in its job
+    storage: an `sbatch` the master had started when it stopped still creates a job, whose harness then
+    retries its reports to a master that is gone and holds its GPUs; `settle_s` waits for such a submission
+    to finish first."""
     m.start()
     try:
         yield m
     finally:
         m.stop()
-        jobs = m.live_job_ids()
+        time.sleep(settle_s)
+        queue = subprocess.run(["squeue", "-h", "-o", "%i|%Z"], capture_output=True, text=True).stdout
+        mine = [line.split("|", 1)[0] for line in queue.splitlines() if f"|{m.root}/" in line + "/"]
+        jobs = sorted(set(m.live_job_ids()) | set(mine))
         if jobs:
             subprocess.run(["scancel", "--quiet", *jobs], check=False)
 

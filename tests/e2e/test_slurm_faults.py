@@ -215,7 +215,7 @@ def slow_master(researcher: Researcher, monkeypatch: pytest.MonkeyPatch) -> Iter
         shim.write_text(f'#!/bin/sh\nsleep {SLOW_S}\nexec {real} "$@"\n')
         shim.chmod(0o755)
     monkeypatch.setenv("PATH", f"{shims}:{os.environ['PATH']}")
-    with started(Master(root, researcher)) as m:
+    with started(Master(root, researcher), settle_s=2 * SLOW_S + 1) as m:
         yield m
 
 
