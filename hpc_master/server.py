@@ -126,12 +126,15 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
     import uvicorn
 
     from hpc_master.api.app import create_app
+    from hpc_master.services.curve_keeper import CurveKeeper
 
     app = create_app(config)
     app.state.det.writer.start(worker=True)  # on SQLite, its ingest worker is ready for the first batch
     raise_open_files_limit()
     loop = make_lifecycle_loop(app.state.det)
     loop.start()
+    keeper = CurveKeeper(app.state.curves, app.state.det.tx)  # the web UI's curves, ready before asked
+    keeper.start()
     uvicorn.run(
         app,
         host=config.listen.host,
@@ -145,6 +148,7 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
         timeout_keep_alive=KEEP_ALIVE_S,
     )
     loop.stop()
+    keeper.stop()
 
 
 def make_lifecycle_loop(state: Any) -> Any:

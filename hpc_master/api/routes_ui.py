@@ -172,16 +172,20 @@ async def trials_sample(
             )
         trials = []
         for trial_id in ids:
-            points = [
-                (s, v)
-                for s, v in series[trial_id]
-                if s >= start_batches and (end_batches is None or s <= end_batches)
-            ]
+            steps, values = series[trial_id]
+            if start_batches or end_batches is not None:
+                keep = (steps >= start_batches) & (
+                    steps <= (end_batches if end_batches is not None else steps)
+                )
+                steps, values = steps[keep], values[keep]
             trials.append(
                 {
                     "trialId": trial_id,
                     "hparams": hparams.get(trial_id) or {},
-                    "data": [{"batches": s, "value": v} for s, v in points],
+                    "data": [
+                        {"batches": s, "value": v}
+                        for s, v in zip(steps.tolist(), values.tolist(), strict=True)
+                    ],
                 }
             )
         return {

@@ -195,6 +195,32 @@ class MetricModel(Base):
     report_time: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
+class MetricCurveModel(Base):
+    """A (trial, group, metric)'s downsampled learning curve (``services.curves``), saved so that a master
+    restart does not re-read every metric row: ``data`` is ``MinMaxCurve.to_bytes()``."""
+
+    __tablename__ = "metric_curves"
+
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
+    group: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class MetricCurveMarkModel(Base):
+    """How far an experiment's saved curves (``metric_curves``) have read its metric rows: every row with an
+    id ≤ ``last_id`` except those late-committed ones not in ``recent`` (int64s, native order)."""
+
+    __tablename__ = "metric_curve_marks"
+
+    experiment_id: Mapped[int] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True
+    )
+    last_id: Mapped[int] = mapped_column(BigInteger)
+    recent: Mapped[bytes] = mapped_column(LargeBinary)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
 class CheckpointModel(Base):
     __tablename__ = "checkpoints"
 

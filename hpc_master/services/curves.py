@@ -8,10 +8,17 @@ hundred points per trial to serialise, not ten million rows to read.
 Ids are not committed in order on PostgreSQL (two transactions may commit out of order), so a refresh re-reads
 the ids of the last ``LAG_IDS`` ids of the experiment and takes any it has not seen; SQLite commits one writer
 at a time, in id order, and the same code is merely exact there.
+
+The curves are also saved in the database (``metric_curves``, one row per trial and metric, and
+``metric_curve_marks``: how far each experiment's saved curves have read), by ``services.curve_keeper``, which
+keeps the curves of experiments that receive metrics up to date in the background. A restarted master starts
+from them and reads only the rows after them: the first page of a 1,000-trial experiment after a restart reads
+a few MB of buckets, not ten million rows of JSON.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -19,21 +26,26 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import orjson
-from sqlalchemy import Text, select, type_coerce
+from sqlalchemy import Text, delete, insert, select, type_coerce
 from sqlalchemy.orm import Session
 
-from hpc_master.db.models import MetricModel, TrialModel
-from hpc_master.services.downsample import MinMaxCurve, Point
+from hpc_master.db.models import MetricCurveMarkModel, MetricCurveModel, MetricModel, TrialModel, utcnow
+from hpc_master.services.downsample import Floats, Ints, MinMaxCurve
+
+log = logging.getLogger(__name__)
 
 LAG_IDS = 5000
 """How far behind the newest id seen a refresh looks again for rows committed late."""
-KEEP_EXPERIMENTS = 16
+KEEP_EXPERIMENTS = 8
 """Experiments whose curves stay in memory (least recently used dropped first)."""
 KEEP_RENDERED = 2
 """Serialised first answers kept per experiment (a metric at one width; two for a second metric or width)."""
 BUCKETS_PER_CURVE = 512
 """Each kept curve holds at most 2 × this many buckets (each a min and a max point)."""
+MAX_NAME = 1024
+"""Metrics with longer names are not drawn (nor kept or saved)."""
 
 SeriesKey = tuple[str, str]
 """(group, metric name)."""
@@ -61,6 +73,9 @@ class ExperimentCurves:
     changed: dict[tuple[SeriesKey, int], int] = field(default_factory=dict)
     """(series, trial) → the refresh generation that last added a point to it."""
     generation: int = 0
+    saved_generation: int = 0
+    """The generation the database's copy (``metric_curves``) holds; nothing saved yet: 0."""
+    looked_for_saved: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     rendered: OrderedDict[Any, tuple[int, bytes]] = field(default_factory=OrderedDict)
     """A query's serialised first answer and the generation it was made at (``KEEP_RENDERED`` kept)."""
@@ -81,13 +96,17 @@ class ExperimentCurves:
                 self.rendered.popitem(last=False)
 
     def refresh(self, transaction: Callable[[], AbstractContextManager[Session]]) -> int:
-        """Read the rows not yet seen; returns the generation now current.
+        """Read the rows not yet seen; returns the generation now current. The first refresh starts from the
+        saved curves (``metric_curves``), when there are any, and reads only the rows after them.
 
         ``transaction`` opens the short transaction it reads in, once it holds this experiment's lock:
         the lock is always taken before a database connection, never while holding one, so requests that
         hold a connection never wait on the lock (with a pool of a few connections, the other order
         deadlocks)."""
         with self.lock, transaction() as session:
+            if not self.looked_for_saved:
+                self.looked_for_saved = True
+                self._load_saved(session)
             trial_ids = select(TrialModel.id).where(TrialModel.experiment_id == self.experiment_id)
             columns = (
                 MetricModel.id,
@@ -98,9 +117,11 @@ class ExperimentCurves:
             )
             in_experiment = MetricModel.trial_id.in_(trial_ids)
             if self.last_id == 0:  # the first read: every row, no ids kept on the way
-                self.generation += 1
                 newest = self._load_all(session.execute(select(*columns).where(in_experiment)))
                 if newest:
+                    self.generation += 1
+                    for key in self.changed:
+                        self.changed[key] = self.generation
                     self.last_id = newest
                     self.recent = set(
                         session.scalars(
@@ -129,9 +150,79 @@ class ExperimentCurves:
             self.recent.update(i for i in ids if i > cut)
             return self.generation
 
+    def _load_saved(self, session: Session) -> bool:
+        """Start from the curves saved in the database; whether there were any (a copy that does not read
+        back is ignored, and every row is read again)."""
+        mark = session.get(MetricCurveMarkModel, self.experiment_id)
+        if mark is None:
+            return False
+        series: dict[SeriesKey, dict[int, MinMaxCurve]] = {}
+        rows = session.execute(
+            select(
+                MetricCurveModel.trial_id,
+                MetricCurveModel.group,
+                MetricCurveModel.name,
+                MetricCurveModel.data,
+            )
+            .join(TrialModel, TrialModel.id == MetricCurveModel.trial_id)
+            .where(TrialModel.experiment_id == self.experiment_id)
+        )
+        try:
+            for trial_id, group, name, data in rows:
+                series.setdefault((group, name), {})[trial_id] = MinMaxCurve.from_bytes(bytes(data))
+            recent = np.frombuffer(bytes(mark.recent), dtype="<i8").tolist()
+        except ValueError as exc:
+            log.warning(
+                "experiment %d: its saved curves do not read back (%s); reading every row",
+                self.experiment_id,
+                exc,
+            )
+            return False
+        self.generation += 1
+        self.series = series
+        self.changed = {(key, t): self.generation for key, per_trial in series.items() for t in per_trial}
+        self.saved_generation = self.generation
+        self.last_id, self.recent = int(mark.last_id), set(recent)
+        return True
+
+    def unsaved(self) -> bool:
+        with self.lock:
+            return self.generation > self.saved_generation
+
+    def save(self, transaction: Callable[[], AbstractContextManager[Session]]) -> int:
+        """Write the curves changed since the last save (each changed trial's curves whole) and how far they
+        read, in one transaction; returns how many curves were written."""
+        with self.lock:
+            generation = self.generation
+            if generation <= self.saved_generation or not self.last_id:
+                return 0
+            trials = {t for (_, t), g in self.changed.items() if g > self.saved_generation}
+            rows = [
+                {"trial_id": t, "group": group, "name": name, "data": per_trial[t].to_bytes()}
+                for (group, name), per_trial in self.series.items()
+                for t in trials & per_trial.keys()
+            ]
+            last_id = self.last_id
+            recent = np.fromiter(sorted(self.recent), dtype="<i8", count=len(self.recent)).tobytes()
+        with transaction() as session:
+            if trials:
+                session.execute(delete(MetricCurveModel).where(MetricCurveModel.trial_id.in_(sorted(trials))))
+            if rows:
+                session.execute(insert(MetricCurveModel), rows)
+            mark = session.get(MetricCurveMarkModel, self.experiment_id)
+            if mark is None:
+                session.add(
+                    MetricCurveMarkModel(experiment_id=self.experiment_id, last_id=last_id, recent=recent)
+                )
+            else:
+                mark.last_id, mark.recent, mark.updated_at = last_id, recent, utcnow()
+        with self.lock:
+            self.saved_generation = max(self.saved_generation, generation)
+        return len(rows)
+
     def _load_all(self, rows: Iterable[Any]) -> int:
-        """The first read: every row's numbers gathered per (group, name, trial), then each curve built in one
-        pass (``MinMaxCurve.from_points``). Returns the newest id read (0: none)."""
+        """The first read: every row's numbers gathered per (group, name, trial), then each curve built from
+        its points at once. Returns the newest id read (0: none)."""
         gathered: dict[tuple[str, str, int], tuple[list[int], list[float]]] = {}
         newest = 0
         loads = orjson.loads
@@ -150,21 +241,25 @@ class ExperimentCurves:
                 key = (group, name, trial_id)
                 points = gathered.get(key)
                 if points is None:
+                    if len(name) > MAX_NAME:
+                        continue
                     points = gathered[key] = ([], [])
-                points[0].append(int(steps))
-                points[1].append(float(value))
+                points[0].append(steps)
+                points[1].append(value)
         for (group, name, trial_id), (steps_list, values) in gathered.items():
             series = (group, name)
             self.series.setdefault(series, {})[trial_id] = MinMaxCurve.from_points(
                 steps_list, values, BUCKETS_PER_CURVE
             )
-            self.changed[(series, trial_id)] = self.generation
+            self.changed[(series, trial_id)] = 0
         return newest
 
     def _add(self, trial_id: int, group: str, steps: int, metrics: Any) -> None:
         if isinstance(metrics, str | bytes):
             metrics = orjson.loads(metrics)
         for name, value in numeric_metrics(metrics).items():
+            if len(name) > MAX_NAME:
+                continue
             key = (group, name)
             per_trial = self.series.setdefault(key, {})
             curve = per_trial.get(trial_id)
@@ -182,13 +277,14 @@ class ExperimentCurves:
 
     def sample(
         self, group: str, name: str, max_points: int, *, since_generation: int = -1
-    ) -> dict[int, list[Point]]:
-        """Trial id → its downsampled curve, for the trials whose curve changed after ``since_generation``."""
+    ) -> dict[int, tuple[Ints, Floats]]:
+        """Trial id → its downsampled curve (steps, values), for the trials whose curve changed after
+        ``since_generation``."""
         with self.lock:
             key = (group, name)
             per_trial = self.series.get(key, {})
             return {
-                trial_id: curve.points(max_points)
+                trial_id: curve.arrays(max_points)
                 for trial_id, curve in per_trial.items()
                 if self.changed.get((key, trial_id), 0) > since_generation
             }
@@ -212,11 +308,11 @@ class CurveCache:
                 self._entries.popitem(last=False)
             return entry
 
+    def entries(self) -> list[tuple[int, ExperimentCurves]]:
+        with self._lock:
+            return list(self._entries.items())
+
     def forget(self, experiment_id: int) -> None:
         with self._lock:
             self._entries.pop(experiment_id, None)
 
-
-CACHE = CurveCache()
-"""One per process: the curves of experiments are the same whichever app asks (tests build several apps on
-different databases, so routes key it by the app's state; see ``routes_ui``)."""

@@ -39,7 +39,7 @@ def test_incremental_equals_one_shot_in_any_order() -> None:
         b.add(s, v)
     assert a.points(200) == b.points(200)
     assert a.count == len(points)
-    assert len(a.buckets) <= 128
+    assert a.buckets <= 128
 
 
 def test_non_finite_values_are_skipped() -> None:
@@ -63,19 +63,81 @@ def test_bounded_and_extremes_kept(by_step: dict[int, float], max_points: int) -
     assert all(p in set(points) for p in out)
 
 
-def test_from_points_builds_what_add_builds() -> None:
-    """The first read's one-pass builder equals ``add()`` point by point (values without ties)."""
-    rng = random.Random(7)
-    for n, every in ((1, 1), (10, 3), (5000, 10), (20_000, 1)):
-        steps = [(i + 1) * every for i in range(n)]
-        rng.shuffle(steps)
-        values = [rng.random() for _ in steps]
-        values[n // 2] = float("nan")
-        one_by_one = MinMaxCurve(max_buckets=64)
-        for s, v in zip(steps, values, strict=True):
-            one_by_one.add(s, v)
-        bulk = MinMaxCurve.from_points(steps, values, 64)
-        assert bulk.width == one_by_one.width and bulk.count == one_by_one.count
-        assert bulk.first == one_by_one.first and bulk.last == one_by_one.last
-        for max_points in (0, 50, 1000):
-            assert bulk.points(max_points) == one_by_one.points(max_points)
+def _reference(points: list[tuple[int, float]], max_buckets: int) -> list[tuple[int, float]]:
+    """Min/max buckets the slow, obvious way: every point at the final width, each bucket's min and max
+    (earliest at equal values), the first and the last point."""
+    points = [(s, v) for s, v in points if math.isfinite(v) and s >= 0]
+    if not points:
+        return []
+    width = 1
+    while max(s for s, _ in points) // width >= 2 * max_buckets:
+        width *= 2
+    lows: dict[int, tuple[int, float]] = {}
+    highs: dict[int, tuple[int, float]] = {}
+    for s, v in points:
+        b = s // width
+        if b not in lows or v < lows[b][1]:
+            lows[b] = (s, v)
+        if b not in highs or v > highs[b][1]:
+            highs[b] = (s, v)
+    out: dict[int, float] = {}
+    for b in sorted(lows):
+        out.setdefault(*lows[b])
+        out.setdefault(*highs[b])
+    first = min(points, key=lambda p: p[0])
+    last = max(reversed(points), key=lambda p: p[0])
+    out[first[0]] = first[1]
+    out[last[0]] = last[1]
+    return sorted(out.items())
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(-5, 5000), st.one_of(st.floats(-1e6, 1e6), st.just(float("nan")))),
+        min_size=1,
+        max_size=400,
+    ),
+    st.integers(1, 40),
+    st.integers(1, 5),
+)
+def test_batches_fold_to_what_one_pass_over_every_point_gives(
+    points: list[tuple[int, float]], max_buckets: int, batches: int
+) -> None:
+    """However the points arrive (in batches, read in between), the buckets are those of every point at once."""
+    curve = MinMaxCurve(max_buckets=max_buckets)
+    size = -(-len(points) // batches)
+    for start in range(0, len(points), size):
+        chunk = points[start : start + size]
+        curve.add_many([s for s, _ in chunk], [v for _, v in chunk])
+        curve.points()  # folds this batch
+    assert curve.points() == _reference(points, max_buckets)
+    assert curve.buckets <= 2 * max_buckets
+
+
+def test_a_saved_curve_loads_and_grows_like_one_never_saved() -> None:
+    rng = random.Random(11)
+    points = [(i * 7, rng.gauss(0, 1)) for i in range(30_000)]
+    kept = MinMaxCurve(max_buckets=64)
+    saved = MinMaxCurve(max_buckets=64)
+    for s, v in points[:10_000]:
+        kept.add(s, v)
+        saved.add(s, v)
+    data = saved.to_bytes()
+    loaded = MinMaxCurve.from_bytes(data)
+    assert loaded.points() == kept.points() and loaded.count == kept.count
+    assert len(data) < 64 + 40 * 128  # the buckets, not the points
+    for s, v in points[10_000:]:
+        kept.add(s, v)
+        loaded.add(s, v)
+    assert loaded.points(300) == kept.points(300)
+    assert loaded.first == points[0] and loaded.last == points[-1]
+
+
+def test_bytes_that_are_no_curve_are_refused() -> None:
+    data = MinMaxCurve.from_points([1, 2, 3], [1.0, 2.0, 3.0]).to_bytes()
+    for bad in (b"", b"MMC1", data[:-8], b"XXXX" + data[4:]):
+        try:
+            MinMaxCurve.from_bytes(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad[:8]!r}… was taken for a curve")
