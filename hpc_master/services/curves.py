@@ -18,6 +18,7 @@ a few MB of buckets, not ten million rows of JSON.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 from collections import OrderedDict
@@ -28,11 +29,19 @@ from typing import Any
 
 import numpy as np
 import orjson
-from sqlalchemy import Text, delete, insert, select, type_coerce
+from sqlalchemy import Text, delete, insert, or_, select, type_coerce
 from sqlalchemy.orm import Session
 
-from hpc_master.db.models import MetricCurveMarkModel, MetricCurveModel, MetricModel, TrialModel, utcnow
+from hpc_master.db.models import (
+    MetricCurveMarkModel,
+    MetricCurveModel,
+    MetricModel,
+    TrialModel,
+    TrialRunModel,
+    utcnow,
+)
 from hpc_master.services.downsample import Floats, Ints, MinMaxCurve
+from hpc_master.services.states import LIVE_RUN_STATES
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +53,9 @@ KEEP_RENDERED = 2
 """Serialised first answers kept per experiment (a metric at one width; two for a second metric or width)."""
 BUCKETS_PER_CURVE = 512
 """Each kept curve holds at most 2 × this many buckets (each a min and a max point)."""
+ENDED_RECENTLY_S = 600
+"""A run that ended this long before a refresh may still have had rows in flight (the ingest worker's
+batches, a save lagging its read): its trial is looked at once more."""
 MAX_NAME = 1024
 """Metrics with longer names are not drawn (nor kept or saved)."""
 
@@ -72,6 +84,10 @@ class ExperimentCurves:
     series: dict[SeriesKey, dict[int, MinMaxCurve]] = field(default_factory=dict)
     changed: dict[tuple[SeriesKey, int], int] = field(default_factory=dict)
     """(series, trial) → the refresh generation that last added a point to it."""
+    scanned_to: int = 0
+    read_at: dt.datetime | None = None
+    """When the last refresh read (for curves loaded from the database: when the saved copy was read)."""
+    """The newest metric id (of any experiment) a refresh has seen: the next one reads only after it."""
     generation: int = 0
     saved_generation: int = 0
     """The generation the database's copy (``metric_curves``) holds; nothing saved yet: 0."""
@@ -103,11 +119,11 @@ class ExperimentCurves:
         the lock is always taken before a database connection, never while holding one, so requests that
         hold a connection never wait on the lock (with a pool of a few connections, the other order
         deadlocks)."""
+        started = utcnow()
         with self.lock, transaction() as session:
             if not self.looked_for_saved:
                 self.looked_for_saved = True
                 self._load_saved(session)
-            trial_ids = select(TrialModel.id).where(TrialModel.experiment_id == self.experiment_id)
             columns = (
                 MetricModel.id,
                 MetricModel.trial_id,
@@ -115,40 +131,73 @@ class ExperimentCurves:
                 MetricModel.steps_completed,
                 type_coerce(MetricModel.metrics, Text),  # parsed by orjson here, not by the JSON type
             )
-            in_experiment = MetricModel.trial_id.in_(trial_ids)
             if self.last_id == 0:  # the first read: every row, no ids kept on the way
-                newest = self._load_all(session.execute(select(*columns).where(in_experiment)))
+                trial_ids = select(TrialModel.id).where(TrialModel.experiment_id == self.experiment_id)
+                newest = self._load_all(
+                    session.execute(select(*columns).where(MetricModel.trial_id.in_(trial_ids)))
+                )
                 if newest:
                     self.generation += 1
                     for key in self.changed:
                         self.changed[key] = self.generation
-                    self.last_id = newest
-                    self.recent = set(
-                        session.scalars(
-                            select(MetricModel.id).where(MetricModel.id > newest - LAG_IDS, in_experiment)
-                        )
-                    )
+                    self.last_id, self.read_at = newest, started
+                    mine = set(session.scalars(trial_ids))
+                    self.recent = {i for i, t in self._ids_after(session, newest - LAG_IDS) if t in mine}
                 return self.generation
-            floor = max(0, self.last_id - LAG_IDS)
-            ids = sorted(
-                i
-                for i in session.scalars(select(MetricModel.id).where(MetricModel.id > floor, in_experiment))
-                if i not in self.recent
+            # Only a trial with a live run, or one that ended after the last read (less a margin for rows
+            # in flight), can have rows not read yet: an experiment that is not running costs one small
+            # query, however many rows it has.
+            since = (self.read_at or started) - dt.timedelta(seconds=ENDED_RECENTLY_S)
+            self.read_at = started
+            live = set(
+                session.scalars(
+                    select(TrialRunModel.trial_id)
+                    .join(TrialModel, TrialModel.id == TrialRunModel.trial_id)
+                    .where(
+                        TrialModel.experiment_id == self.experiment_id,
+                        or_(
+                            TrialRunModel.state.in_(LIVE_RUN_STATES),
+                            TrialRunModel.end_time > since,
+                        ),
+                    )
+                )
             )
+            if not live:
+                return self.generation
+            floor = max(0, max(self.last_id, self.scanned_to) - LAG_IDS)
+            ids = []
+            for row_id, trial_id in self._ids_after(session, floor):
+                self.scanned_to = max(self.scanned_to, row_id)
+                if trial_id in live and row_id not in self.recent:
+                    ids.append(row_id)
             if not ids:
                 return self.generation
-            unseen = set(ids)
+            ids.sort()
             self.generation += 1
-            for row_id, trial_id, group, steps, metrics in session.execute(
-                select(*columns).where(MetricModel.id >= ids[0], in_experiment)
-            ):
-                if row_id in unseen:
+            for chunk in range(0, len(ids), 500):
+                for _, trial_id, group, steps, metrics in session.execute(
+                    select(*columns)
+                    .where(MetricModel.id.in_(ids[chunk : chunk + 500]))
+                    .order_by(MetricModel.id)
+                ):
                     self._add(trial_id, group, steps, metrics)
             self.last_id = max(self.last_id, ids[-1])
             cut = self.last_id - LAG_IDS
             self.recent = {i for i in self.recent if i > cut}
             self.recent.update(i for i in ids if i > cut)
             return self.generation
+
+    @staticmethod
+    def _ids_after(session: Session, floor: int) -> list[tuple[int, int]]:
+        """(id, trial id) of every metric row after ``floor``, whatever its experiment, read by the primary
+        key's range: filtering by trial in SQL would let the database walk every row of each trial instead
+        (the index that starts with ``trial_id``), ten million entries for a large search."""
+        return [
+            (int(i), int(t))
+            for i, t in session.execute(
+                select(MetricModel.id, MetricModel.trial_id).where(MetricModel.id > floor)
+            )
+        ]
 
     def _load_saved(self, session: Session) -> bool:
         """Start from the curves saved in the database; whether there were any (a copy that does not read
@@ -182,7 +231,7 @@ class ExperimentCurves:
         self.series = series
         self.changed = {(key, t): self.generation for key, per_trial in series.items() for t in per_trial}
         self.saved_generation = self.generation
-        self.last_id, self.recent = int(mark.last_id), set(recent)
+        self.last_id, self.recent, self.read_at = int(mark.last_id), set(recent), mark.updated_at
         return True
 
     def unsaved(self) -> bool:
@@ -202,7 +251,7 @@ class ExperimentCurves:
                 for (group, name), per_trial in self.series.items()
                 for t in trials & per_trial.keys()
             ]
-            last_id = self.last_id
+            last_id, read_at = self.last_id, self.read_at or utcnow()
             recent = np.fromiter(sorted(self.recent), dtype="<i8", count=len(self.recent)).tobytes()
         with transaction() as session:
             if trials:
@@ -211,11 +260,9 @@ class ExperimentCurves:
                 session.execute(insert(MetricCurveModel), rows)
             mark = session.get(MetricCurveMarkModel, self.experiment_id)
             if mark is None:
-                session.add(
-                    MetricCurveMarkModel(experiment_id=self.experiment_id, last_id=last_id, recent=recent)
-                )
-            else:
-                mark.last_id, mark.recent, mark.updated_at = last_id, recent, utcnow()
+                mark = MetricCurveMarkModel(experiment_id=self.experiment_id)
+                session.add(mark)
+            mark.last_id, mark.recent, mark.updated_at = last_id, recent, read_at
         with self.lock:
             self.saved_generation = max(self.saved_generation, generation)
         return len(rows)
@@ -315,4 +362,3 @@ class CurveCache:
     def forget(self, experiment_id: int) -> None:
         with self._lock:
             self._entries.pop(experiment_id, None)
-

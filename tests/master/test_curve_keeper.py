@@ -4,15 +4,16 @@ SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import numpy as np
 import pytest
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Engine, event, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from hpc_master.db.engine import transaction
-from hpc_master.db.models import MetricCurveMarkModel, MetricCurveModel, MetricModel, utcnow
+from hpc_master.db.models import MetricCurveMarkModel, MetricCurveModel, MetricModel, TrialRunModel, utcnow
 from hpc_master.services.curve_keeper import CurveKeeper
 from hpc_master.services.curves import CurveCache, ExperimentCurves
 from tests.webui.seed import seed_experiment, seed_user
@@ -169,3 +170,57 @@ def test_a_curve_saved_holds_buckets_not_points(
     steps, values = restarted.sample("training", "loss", 0)[trials[0]]
     assert len(steps) <= 2 * 1024 + 2 and int(steps.max()) == 199_998 and np.all(np.diff(steps) > 0)
     assert values.max() == 100.0 + 199_998
+
+
+def end_runs(sessions: sessionmaker[Session], trial_ids: list[int], when: dt.datetime) -> None:
+    with transaction(sessions) as s:
+        s.execute(
+            update(TrialRunModel)
+            .where(TrialRunModel.trial_id.in_(trial_ids))
+            .values(state="COMPLETED", end_time=when)
+        )
+
+
+def test_rows_of_runs_that_ended_after_the_save_are_read_after_a_restart(
+    tx: Any, sessions: sessionmaker[Session], seeded: tuple[int, list[int]]
+) -> None:
+    """The master was killed an hour after its last save; meanwhile trial 0 reported more and its run ended
+    (30 min ago). However long ago that was, a restarted master reads those rows."""
+    experiment, trials = seeded
+    CurveKeeper(CurveCache(), tx).run_once()
+    an_hour_ago = utcnow() - dt.timedelta(hours=1)
+    with transaction(sessions) as s:
+        s.execute(update(MetricCurveMarkModel).values(updated_at=an_hour_ago))
+    add_rows(sessions, trials[0], range(4000, 4100, 10))
+    end_runs(sessions, trials, utcnow() - dt.timedelta(minutes=30))
+    restarted = ExperimentCurves(experiment)
+    restarted.refresh(tx)
+    assert sample(restarted) == sample(full_read(tx, experiment))
+    assert restarted.sample("training", "loss", 0)[trials[0]][0].max() == 4090
+
+
+def test_an_experiment_that_is_not_running_reads_no_metric_rows(
+    tx: Any, engine: Engine, sessions: sessionmaker[Session], seeded: tuple[int, list[int]]
+) -> None:
+    """However many rows it and others have: one query of its runs, none of the metrics."""
+    experiment, trials = seeded
+    CurveKeeper(CurveCache(), tx).run_once()
+    end_runs(sessions, trials, utcnow() - dt.timedelta(hours=2))
+    with transaction(sessions) as s:
+        s.execute(update(MetricCurveMarkModel).values(updated_at=utcnow() - dt.timedelta(hours=1)))
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    restarted = ExperimentCurves(experiment)
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        restarted.refresh(tx)
+        loaded = len(statements)
+        restarted.refresh(tx)
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert sample(restarted) == sample(full_read(tx, experiment))
+    again = statements[loaded:]
+    assert again and not [q for q in again if "FROM metrics" in q], again
