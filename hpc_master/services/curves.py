@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-from sqlalchemy import Text, delete, insert, or_, select, type_coerce
+from sqlalchemy import Text, delete, func, insert, or_, select, type_coerce
 from sqlalchemy.orm import Session
 
 from hpc_master.db.models import (
@@ -40,7 +40,7 @@ from hpc_master.db.models import (
     TrialRunModel,
     utcnow,
 )
-from hpc_master.services.downsample import Floats, Ints, MinMaxCurve
+from hpc_master.services.downsample import Floats, Ints, MinMaxCurve, downsample_many
 from hpc_master.services.states import LIVE_RUN_STATES
 
 log = logging.getLogger(__name__)
@@ -51,13 +51,24 @@ KEEP_EXPERIMENTS = 8
 """Experiments whose curves stay in memory (least recently used dropped first)."""
 KEEP_RENDERED = 2
 """Serialised first answers kept per experiment (a metric at one width; two for a second metric or width)."""
-BUCKETS_PER_CURVE = 512
-"""Each kept curve holds at most 2 × this many buckets (each a min and a max point)."""
+BUCKETS_PER_CURVE = 256
+"""Each kept curve holds at most 2 × this many buckets (each a min and a max point): ≥ 512 points, more than
+the page asks of one trial (one per pixel column, ≤ 1,000), ≤ 20 KB saved."""
+TRIALS_PER_READ = 4
+"""Trials read per transaction by a first read without saved curves (10,000 rows each: ~0.1 s)."""
 ENDED_RECENTLY_S = 600
 """A run that ended this long before a refresh may still have had rows in flight (the ingest worker's
 batches, a save lagging its read): its trial is looked at once more."""
 MAX_NAME = 1024
 """Metrics with longer names are not drawn (nor kept or saved)."""
+
+_COLUMNS = (
+    MetricModel.id,
+    MetricModel.trial_id,
+    MetricModel.group,
+    MetricModel.steps_completed,
+    type_coerce(MetricModel.metrics, Text),  # parsed by orjson here, not by the JSON type
+)
 
 SeriesKey = tuple[str, str]
 """(group, metric name)."""
@@ -120,30 +131,54 @@ class ExperimentCurves:
         hold a connection never wait on the lock (with a pool of a few connections, the other order
         deadlocks)."""
         started = utcnow()
-        with self.lock, transaction() as session:
+        with self.lock:
             if not self.looked_for_saved:
+                with transaction() as session:
+                    self._load_saved(session)
                 self.looked_for_saved = True
-                self._load_saved(session)
-            columns = (
-                MetricModel.id,
-                MetricModel.trial_id,
-                MetricModel.group,
-                MetricModel.steps_completed,
-                type_coerce(MetricModel.metrics, Text),  # parsed by orjson here, not by the JSON type
-            )
-            if self.last_id == 0:  # the first read: every row, no ids kept on the way
-                trial_ids = select(TrialModel.id).where(TrialModel.experiment_id == self.experiment_id)
-                newest = self._load_all(
-                    session.execute(select(*columns).where(MetricModel.trial_id.in_(trial_ids)))
+            if self.last_id == 0:
+                return self._read_everything(transaction, started)
+            return self._read_new(transaction, started)
+
+    def _read_everything(
+        self, transaction: Callable[[], AbstractContextManager[Session]], started: dt.datetime
+    ) -> int:
+        """The first read without saved curves: every row, up to the newest id now, a few trials per
+        transaction (so that a search of ten million rows never holds the database for long: on SQLite
+        the master has one connection), each trial's curves built from all its points at once."""
+        with transaction() as session:
+            trial_ids = list(
+                session.scalars(
+                    select(TrialModel.id)
+                    .where(TrialModel.experiment_id == self.experiment_id)
+                    .order_by(TrialModel.id)
                 )
-                if newest:
-                    self.generation += 1
-                    for key in self.changed:
-                        self.changed[key] = self.generation
-                    self.last_id, self.read_at = newest, started
-                    mine = set(session.scalars(trial_ids))
-                    self.recent = {i for i, t in self._ids_after(session, newest - LAG_IDS) if t in mine}
-                return self.generation
+            )
+            newest = session.scalar(select(func.max(MetricModel.id))) or 0
+            mine = set(trial_ids)
+            recent = {i for i, t in self._ids_after(session, newest - LAG_IDS) if t in mine and i <= newest}
+        if not newest:
+            return self.generation
+        for start in range(0, len(trial_ids), TRIALS_PER_READ):
+            with transaction() as session:
+                rows = session.execute(
+                    select(*_COLUMNS).where(
+                        MetricModel.trial_id.in_(trial_ids[start : start + TRIALS_PER_READ]),
+                        MetricModel.id <= newest,
+                    )
+                )
+                self._load_all(rows)
+        self.generation += 1
+        for key in self.changed:
+            self.changed[key] = self.generation
+        self.last_id, self.recent, self.read_at = newest, recent, started
+        return self.generation
+
+    def _read_new(
+        self, transaction: Callable[[], AbstractContextManager[Session]], started: dt.datetime
+    ) -> int:
+        """The rows after the last read, of the trials that can have any."""
+        with transaction() as session:
             # Only a trial with a live run, or one that ended after the last read (less a margin for rows
             # in flight), can have rows not read yet: an experiment that is not running costs one small
             # query, however many rows it has.
@@ -176,7 +211,7 @@ class ExperimentCurves:
             self.generation += 1
             for chunk in range(0, len(ids), 500):
                 for _, trial_id, group, steps, metrics in session.execute(
-                    select(*columns)
+                    select(*_COLUMNS)
                     .where(MetricModel.id.in_(ids[chunk : chunk + 500]))
                     .order_by(MetricModel.id)
                 ):
@@ -192,12 +227,14 @@ class ExperimentCurves:
         """(id, trial id) of every metric row after ``floor``, whatever its experiment, read by the primary
         key's range: filtering by trial in SQL would let the database walk every row of each trial instead
         (the index that starts with ``trial_id``), ten million entries for a large search."""
-        return [
-            (int(i), int(t))
-            for i, t in session.execute(
-                select(MetricModel.id, MetricModel.trial_id).where(MetricModel.id > floor)
-            )
-        ]
+        # Through the driver's own cursor: SQLAlchemy's rows cost ~2 µs each, five times the query, and a
+        # refresh reads LAG_IDS of them every time. ``floor`` is an int, written into the SQL as one.
+        cursor = session.connection().connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(f"SELECT id, trial_id FROM metrics WHERE id > {int(floor)}")
+            return list(cursor.fetchall())
+        finally:
+            cursor.close()
 
     def _load_saved(self, session: Session) -> bool:
         """Start from the curves saved in the database; whether there were any (a copy that does not read
@@ -267,15 +304,12 @@ class ExperimentCurves:
             self.saved_generation = max(self.saved_generation, generation)
         return len(rows)
 
-    def _load_all(self, rows: Iterable[Any]) -> int:
-        """The first read: every row's numbers gathered per (group, name, trial), then each curve built from
-        its points at once. Returns the newest id read (0: none)."""
+    def _load_all(self, rows: Iterable[Any]) -> None:
+        """Rows of whole trials: their numbers gathered per (group, name, trial), then each curve built from
+        its points at once."""
         gathered: dict[tuple[str, str, int], tuple[list[int], list[float]]] = {}
-        newest = 0
         loads = orjson.loads
-        for row_id, trial_id, group, steps, metrics in rows:
-            if row_id > newest:
-                newest = row_id
+        for _, trial_id, group, steps, metrics in rows:
             if isinstance(metrics, str | bytes):
                 metrics = loads(metrics)
             avg = metrics.get("avgMetrics", metrics) if isinstance(metrics, dict) else None
@@ -299,7 +333,6 @@ class ExperimentCurves:
                 steps_list, values, BUCKETS_PER_CURVE
             )
             self.changed[(series, trial_id)] = 0
-        return newest
 
     def _add(self, trial_id: int, group: str, steps: int, metrics: Any) -> None:
         if isinstance(metrics, str | bytes):
@@ -330,11 +363,8 @@ class ExperimentCurves:
         with self.lock:
             key = (group, name)
             per_trial = self.series.get(key, {})
-            return {
-                trial_id: curve.arrays(max_points)
-                for trial_id, curve in per_trial.items()
-                if self.changed.get((key, trial_id), 0) > since_generation
-            }
+            chosen = [t for t in per_trial if self.changed.get((key, t), 0) > since_generation]
+            return dict(zip(chosen, downsample_many([per_trial[t] for t in chosen], max_points), strict=True))
 
 
 class CurveCache:

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import MetricCurveMarkModel, MetricCurveModel, MetricModel, TrialRunModel, utcnow
+from hpc_master.services import curves as curves_module
 from hpc_master.services.curve_keeper import CurveKeeper
 from hpc_master.services.curves import CurveCache, ExperimentCurves
 from tests.webui.seed import seed_experiment, seed_user
@@ -224,3 +225,23 @@ def test_an_experiment_that_is_not_running_reads_no_metric_rows(
     assert sample(restarted) == sample(full_read(tx, experiment))
     again = statements[loaded:]
     assert again and not [q for q in again if "FROM metrics" in q], again
+
+
+def test_a_first_read_without_saved_curves_takes_a_few_trials_per_transaction(
+    sessions: sessionmaker[Session], seeded: tuple[int, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On SQLite the master has one connection: a search of ten million rows must not hold it for their whole
+    read. Each transaction reads at most TRIALS_PER_READ trials' rows."""
+    experiment, trials = seeded
+    monkeypatch.setattr(curves_module, "TRIALS_PER_READ", 2)
+    opened = []
+
+    def counting_tx() -> Any:
+        opened.append(1)
+        return transaction(sessions)
+
+    curves = ExperimentCurves(experiment)
+    curves.refresh(counting_tx)
+    assert len(opened) >= 1 + 1 + 3  # the saved copy looked for, the trial list, 5 trials 2 at a time
+    assert sample(curves) == sample(full_read(lambda: transaction(sessions), experiment))
+    assert set(curves.sample("training", "loss", 10)) == set(trials)
