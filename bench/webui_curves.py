@@ -231,7 +231,7 @@ class Master:
         self.log.close()
 
 
-POINT_BUDGET = 160_000
+POINT_BUDGET = 320_000
 """The page's budget (``pointsPerTrial`` in webui/js/pages/experiment.js, for a chart ≥ 1,000 px wide)."""
 
 

@@ -12,7 +12,10 @@ function width(el) { return Math.max(320, Math.floor(el.getBoundingClientRect().
 export function alignCurves(trials, buckets) {
   let maxStep = 0;
   for (const t of trials) for (const p of t.data) if (p.batches > maxStep) maxStep = p.batches;
-  const w = Math.max(1, Math.ceil((maxStep + 1) / buckets));
+  // A power of two, as the server's bucket widths are: each grid bucket then holds whole server buckets
+  // (no aliasing between the two grids, which draws a beat pattern on a noisy, trending curve).
+  let w = 1;
+  while ((maxStep + 1) / w > buckets) w *= 2;
   const cols = 2 * (Math.floor(maxStep / w) + 1);
   const xs = new Array(cols);
   for (let i = 0; i < cols; i++) xs[i] = Math.floor(i / 2) * w + (i % 2 ? w / 2 : 0);
@@ -41,7 +44,8 @@ export function learningCurves(container, trials, opts) {
   const tooltip = h("div", { class: "tooltip", style: { display: "none" } });
   const target = h("div");
   container.append(target, tooltip);
-  const buckets = Math.max(50, Math.min(500, Math.floor(width(container) / 2)));
+  // No more grid columns than the points asked per trial (opts.columns): 1,000 trials × 160 columns, not × 1,000.
+  const buckets = Math.max(16, Math.min(500, Math.floor(width(container) / 2), Math.floor((opts.columns || 1000) / 2)));
   const data = alignCurves(trials, buckets);
   const best = opts.best || new Set();
   let bestIndex = 0;
