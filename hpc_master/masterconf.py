@@ -156,9 +156,9 @@ class CheckpointStorageConfig(StrictModel):
     type: Literal["shared_fs"] = "shared_fs"
     host_path: Path | None = None
     storage_path: str | None = None
-    save_experiment_best: int = 0
-    save_trial_best: int = 1
-    save_trial_latest: int = 1
+    save_experiment_best: int = Field(default=0, ge=0)
+    save_trial_best: int = Field(default=1, ge=0)
+    save_trial_latest: int = Field(default=1, ge=0)
 
 
 class PreemptionConfig(StrictModel):

@@ -155,13 +155,25 @@ def make_lifecycle_loop(state: Any) -> Any:
     """The loop that drives searchers and Slurm jobs (Slurm's command-line tools must be on PATH)."""
     from hpc_master.lifecycle.jobs import JobDriver
     from hpc_master.lifecycle.loop import LifecycleLoop
+    from hpc_master.services.checkpoint_gc import CheckpointCollector
+    from hpc_master.services.checkpoint_policy import GCPolicy
     from slurm_backend import Poller, SlurmCli
 
     config = state.config
     cli = SlurmCli()
     poller = Poller(cli, interval_s=config.poll_interval_s)
     jobs = JobDriver(state.sessions, config, cli, poller, cluster_id=state.cluster_id)
-    return LifecycleLoop(state.sessions, jobs, interval_s=min(2.0, config.poll_interval_s))
+    storage = config.checkpoint_storage
+    collector = CheckpointCollector(
+        state.sessions,
+        default_root=config.checkpoint_dir(),
+        default_policy=GCPolicy(
+            storage.save_experiment_best, storage.save_trial_best, storage.save_trial_latest
+        ),
+        remover=state.checkpoint_remover,
+    )
+    interval_s = min(2.0, config.poll_interval_s)
+    return LifecycleLoop(state.sessions, jobs, interval_s=interval_s, collector=collector)
 
 
 def main(argv: list[str] | None = None) -> int:

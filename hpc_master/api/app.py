@@ -18,7 +18,14 @@ from sqlalchemy.orm.exc import StaleDataError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hpc_master import owner_key
-from hpc_master.api import routes_auth, routes_experiments, routes_harness, routes_trials, routes_ui
+from hpc_master.api import (
+    routes_auth,
+    routes_checkpoints,
+    routes_experiments,
+    routes_harness,
+    routes_trials,
+    routes_ui,
+)
 from hpc_master.api.deps import AppState, get_principal
 from hpc_master.api.fast_ingest import MetricsFastPath
 from hpc_master.db.engine import make_engine, make_sessionmaker, transaction
@@ -234,8 +241,16 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
     install_error_handlers(app)
     # The harness routes first: the hot metrics route is matched after fewer patterns. The UI's data
     # routes before the trials' (``/trials/time-series`` is not ``/trials/{trial_id}``).
-    for module in (routes_harness, routes_ui, routes_auth, routes_experiments, routes_trials):
+    for module in (
+        routes_harness,
+        routes_ui,
+        routes_auth,
+        routes_experiments,
+        routes_checkpoints,
+        routes_trials,
+    ):
         app.include_router(module.router)
+    app.include_router(routes_checkpoints.legacy)  # before the UI's pages under /experiments/
     routes_ui.install(app)  # the web UI's pages at /, its assets at /webui/
     app.add_middleware(MetricsFastPath)
     app.add_middleware(BodyLimit)  # outermost: refuses oversize bodies before anything reads them

@@ -16,6 +16,7 @@ from hpc_master.db.models import (
     UserModel,
 )
 from hpc_master.services import redact
+from hpc_master.services.checkpoint_usage import StorageTotals
 
 
 def iso(value: dt.datetime | None) -> str | None:
@@ -48,9 +49,11 @@ def experiment_to_api(
     *,
     with_config: bool = True,
     reveal: bool = True,
+    storage: StorageTotals | None = None,
 ) -> dict[str, Any]:
     """`reveal`: the caller owns the experiment or is an admin; others see the config with secret-looking
-    values masked (``services.redact``), and the original text as the masked config's YAML."""
+    values masked (``services.redact``), and the original text as the masked config's YAML. `storage`: its
+    checkpoints' totals (``checkpointSize``, ``checkpointCount``, ...), when the caller read them."""
     searcher = experiment.config.get("searcher") or {}
     out: dict[str, Any] = {
         "id": experiment.id,
@@ -78,6 +81,8 @@ def experiment_to_api(
     if trial_ids is not None:
         out["trialIds"] = trial_ids
         out["numTrials"] = len(trial_ids)
+    if storage is not None:
+        out.update(storage.experiment_fields())
     if with_config and reveal:
         out["config"] = experiment.config
         out["originalConfig"] = experiment.config_text
@@ -108,7 +113,9 @@ def run_to_api(run: TrialRunModel) -> dict[str, Any]:
     }
 
 
-def trial_to_api(trial: TrialModel, runs: list[TrialRunModel] | None = None) -> dict[str, Any]:
+def trial_to_api(
+    trial: TrialModel, runs: list[TrialRunModel] | None = None, *, storage: StorageTotals | None = None
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": trial.id,
         "experimentId": trial.experiment_id,
@@ -131,6 +138,8 @@ def trial_to_api(trial: TrialModel, runs: list[TrialRunModel] | None = None) -> 
     if runs is not None:
         out["runs"] = [run_to_api(r) for r in runs]
         out["runnerState"] = runs[-1].runner_state if runs else None
+    if storage is not None:
+        out.update(storage.trial_fields())
     return out
 
 
@@ -162,7 +171,15 @@ def checkpoint_to_api(
         "metadata": ckpt.metadata_,
         "state": api_state(ckpt.state),
         "stepsCompleted": ckpt.steps_completed,
+        "size": ckpt.size_bytes or 0,
     }
+    if ckpt.gc_error or ckpt.gc_retry_at is not None:
+        # Its deletion is wanted and not done: why the last attempt failed, and when the next one is due.
+        out["deletion"] = {
+            "error": ckpt.gc_error,
+            "attempts": ckpt.gc_attempts or 0,
+            "retryAt": iso(ckpt.gc_retry_at),
+        }
     training: dict[str, Any] = {"trialId": ckpt.trial_id, "trialRunId": ckpt.trial_run_id}
     if trial is not None:
         training.update(experimentId=trial.experiment_id, hparams=trial.hparams)

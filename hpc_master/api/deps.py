@@ -17,10 +17,11 @@ from hpc_master.api.metrics_writer import MetricsWriter
 from hpc_master.auth import hash_token
 from hpc_master.db.checkpointer import WalCheckpointer, sqlite_file
 from hpc_master.db.engine import transaction
-from hpc_master.db.models import ExperimentModel, TrialModel
+from hpc_master.db.models import CheckpointModel, ExperimentModel, TrialModel
 from hpc_master.errors import PermissionDeniedError, UnauthenticatedError
 from hpc_master.masterconf import MasterConfig
 from hpc_master.services import users
+from hpc_master.services.checkpoint_remover import CheckpointRemover
 from hpc_master.services.common import get_or_404
 from hpc_master.services.throttle import LoginThrottle
 from hpc_master.services.users import Principal, TokenCache
@@ -41,6 +42,8 @@ class AppState:
     checkpointer: WalCheckpointer | None = field(init=False)
     fast_ingests: int = 0
     """Metric batches answered by the fast path (``fast_ingest.MetricsFastPath``), for tests and benchmarks."""
+    checkpoint_remover: CheckpointRemover = field(default_factory=CheckpointRemover)
+    """Deletes checkpoint files for the API (as each owner's Unix account when the master runs as root)."""
 
     def __post_init__(self) -> None:
         path = sqlite_file(self.engine)
@@ -136,3 +139,16 @@ def check_trial_access(session: Session, principal: Principal, trial_id: int, *,
         if experiment.owner_id != principal.user_id:
             raise PermissionDeniedError(f"trial {trial_id} belongs to another user's experiment")
     return trial
+
+
+def check_checkpoint_access(
+    principal: Principal, ckpt: CheckpointModel, owner_id: int, *, write: bool
+) -> None:
+    """A per-trial token reads its own trial's checkpoints and its experiment owner's, and changes only its
+    own trial's; a user reads any checkpoint and changes (deletes) only their own experiments' (admins: all)."""
+    if principal.trial_id is not None:
+        same_trial = principal.trial_id == ckpt.trial_id
+        if (write and not same_trial) or (not write and not same_trial and principal.user_id != owner_id):
+            raise PermissionDeniedError(f"this token cannot access checkpoint {ckpt.uuid}")
+    elif write and not principal.admin and principal.user_id != owner_id:
+        raise PermissionDeniedError(f"checkpoint {ckpt.uuid} belongs to another user's experiment")

@@ -13,10 +13,13 @@ from hpc_master.api import convert
 from hpc_master.api.bounds import Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.schemas import CreateExperimentRequest
-from hpc_master.db.models import ExperimentModel, TrialModel
+from hpc_master.db.models import ExperimentModel, TrialModel, utcnow
+from hpc_master.errors import ConflictError
+from hpc_master.services import checkpoint_gc as gc
 from hpc_master.services import checkpoints as ckpts
 from hpc_master.services import experiments as exps
 from hpc_master.services import notify
+from hpc_master.services.checkpoint_usage import StorageTotals, experiment_totals, trial_totals_of_experiment
 from hpc_master.services.common import get_or_404
 from hpc_master.services.lifecycle import set_experiment_state
 from hpc_master.services.states import ExperimentState
@@ -83,8 +86,15 @@ def list_experiments(
             limit=limit,
             order_desc=(order_by or "").upper() in ("ORDER_BY_DESC", "DESC"),
         )
+        totals = experiment_totals(session, [e.id for e, _ in rows])
         items = [
-            convert.experiment_to_api(e, username, _trial_ids(session, e.id), with_config=False)
+            convert.experiment_to_api(
+                e,
+                username,
+                _trial_ids(session, e.id),
+                with_config=False,
+                storage=totals.get(e.id, StorageTotals()),
+            )
             for e, username in rows
         ]
     return {"experiments": items, "pagination": convert.pagination(offset, limit, total, len(items))}
@@ -95,9 +105,10 @@ def get_experiment(experiment_id: Id, state: State, principal: UserPrincipal) ->
     with state.tx() as session:
         experiment, username = exps.get_experiment(session, experiment_id)
         reveal = principal.admin or experiment.owner_id == principal.user_id
+        totals = experiment_totals(session, [experiment_id]).get(experiment_id, StorageTotals())
         return {
             "experiment": convert.experiment_to_api(
-                experiment, username, _trial_ids(session, experiment_id), reveal=reveal
+                experiment, username, _trial_ids(session, experiment_id), reveal=reveal, storage=totals
             ),
             "jobSummary": None,
             "trialCounts": exps.trial_counts(session, experiment_id),
@@ -152,16 +163,24 @@ def unarchive(experiment_id: Id, state: State, principal: UserPrincipal) -> dict
 
 @router.delete("/experiments/{experiment_id}")
 def delete_experiment(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
+    """Remove the experiment's checkpoint files (as its owner's account, ``services.checkpoint_gc``), then its
+    rows; if a directory cannot be removed, the experiment is DELETE_FAILED (delete it again to retry) and
+    the checkpoint's failure is recorded (the lifecycle loop retries it too)."""
     with state.tx() as session:
         uuids = exps.begin_delete(session, principal, experiment_id)
-        dirs = ckpts.checkpoint_dirs(session, uuids, state.config.checkpoint_dir())
-    try:
-        ckpts.remove_checkpoint_dirs(dirs)
-    except OSError:
-        with state.tx() as session:
+        targets = gc.claim(session, uuids, utcnow(), state.config.checkpoint_dir())
+    results = gc.remove(state.checkpoint_remover, targets)
+    failure = None
+    with state.tx() as session:
+        outcome = gc.record(session, results, utcnow())
+        if outcome.failed:
+            uuid, error = sorted(outcome.failed.items())[0]
+            more = f" (and {len(outcome.failed) - 1} more)" if len(outcome.failed) > 1 else ""
+            failure = f"could not remove checkpoint {uuid}{more}: {error}"
             experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
-            set_experiment_state(session, experiment, ExperimentState.DELETE_FAILED, "could not remove files")
-        raise
+            set_experiment_state(session, experiment, ExperimentState.DELETE_FAILED, failure)
+    if failure is not None:
+        raise ConflictError(f"{failure}; delete the experiment again to retry")
     with state.tx() as session:
         exps.finish_delete(session, experiment_id)
     return {}
@@ -176,7 +195,8 @@ def experiment_trials(
         stmt = select(TrialModel).where(TrialModel.experiment_id == experiment_id).order_by(TrialModel.id)
         trials = list(session.scalars(stmt))
         page = trials[offset:] if limit <= 0 else trials[offset : offset + limit]
-        items = [convert.trial_to_api(t) for t in page]
+        totals = trial_totals_of_experiment(session, experiment_id)
+        items = [convert.trial_to_api(t, storage=totals.get(t.id, StorageTotals())) for t in page]
     return {"trials": items, "pagination": convert.pagination(offset, limit, len(trials), len(items))}
 
 

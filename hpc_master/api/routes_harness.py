@@ -10,11 +10,10 @@ from starlette.concurrency import run_in_threadpool
 
 from hpc_master.api import convert
 from hpc_master.api.bounds import AllocationId, Id, TimeoutSeconds
-from hpc_master.api.deps import AnyPrincipal, State, check_trial_access
+from hpc_master.api.deps import AnyPrincipal, State, check_checkpoint_access, check_trial_access
 from hpc_master.api.fast_ingest import ingest_batch, reports_of
 from hpc_master.api.schemas import (
     CompletedOperationRequest,
-    DeleteCheckpointsRequest,
     EarlyExitRequest,
     MetricsBatchRequest,
     ProgressRequest,
@@ -22,13 +21,12 @@ from hpc_master.api.schemas import (
     ReportMetricsRequest,
     RunnerMetadataRequest,
 )
-from hpc_master.db.models import CheckpointModel, ExperimentModel, TrialModel
+from hpc_master.db.models import ExperimentModel, TrialModel
 from hpc_master.errors import PermissionDeniedError
 from hpc_master.services import checkpoints as ckpts
 from hpc_master.services import harness, notify
 from hpc_master.services.common import get_or_404
 from hpc_master.services.metrics import ingest_metrics
-from hpc_master.services.users import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["harness"])
 
@@ -102,41 +100,14 @@ def report_checkpoint(body: ReportCheckpointRequest, principal: AnyPrincipal, st
     return {}
 
 
-def _checkpoint_access(
-    principal: Principal, ckpt: CheckpointModel, trial: TrialModel, owner_id: int, *, write: bool
-) -> None:
-    if principal.trial_id is not None:
-        same_trial = principal.trial_id == ckpt.trial_id
-        if (write and not same_trial) or (not write and not same_trial and principal.user_id != owner_id):
-            raise PermissionDeniedError(f"this token cannot access checkpoint {ckpt.uuid}")
-    elif write and not principal.admin and principal.user_id != owner_id:
-        raise PermissionDeniedError(f"checkpoint {ckpt.uuid} belongs to another user's experiment")
-
-
 @router.get("/checkpoints/{uuid}")
 def get_checkpoint(uuid: str, principal: AnyPrincipal, state: State) -> dict[str, Any]:
     with state.tx() as session:
         ckpt = ckpts.get_checkpoint(session, uuid)
         trial = get_or_404(session, TrialModel, ckpt.trial_id, "trial")
         experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
-        _checkpoint_access(principal, ckpt, trial, experiment.owner_id, write=False)
+        check_checkpoint_access(principal, ckpt, experiment.owner_id, write=False)
         return {"checkpoint": convert.checkpoint_to_api(ckpt, trial)}
-
-
-@router.delete("/checkpoints")
-def delete_checkpoints(
-    body: DeleteCheckpointsRequest, principal: AnyPrincipal, state: State
-) -> dict[str, Any]:
-    with state.tx() as session:
-        for uuid in body.checkpoint_uuids:
-            ckpt = ckpts.get_checkpoint(session, uuid)
-            trial = get_or_404(session, TrialModel, ckpt.trial_id, "trial")
-            experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
-            _checkpoint_access(principal, ckpt, trial, experiment.owner_id, write=True)
-        removed = ckpts.mark_deleted(session, body.checkpoint_uuids)
-        dirs = ckpts.checkpoint_dirs(session, removed, state.config.checkpoint_dir())
-    ckpts.remove_checkpoint_dirs(dirs)
-    return {}
 
 
 @router.post("/trials/{trial_id}/progress")

@@ -19,6 +19,7 @@ from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel
 from hpc_master.services import experiments as exps
 from hpc_master.services import logs, notify
 from hpc_master.services import metrics as metric_svc
+from hpc_master.services.checkpoint_usage import StorageTotals, trial_totals
 from hpc_master.services.common import get_or_404
 from hpc_master.services.lifecycle import live_run_of
 from hpc_master.services.states import TERMINAL_TRIAL_STATES
@@ -39,7 +40,8 @@ def get_trial(trial_id: Id, state: State, principal: UserPrincipal) -> dict[str,
                 .order_by(TrialRunModel.run_number)
             )
         )
-        return {"trial": convert.trial_to_api(trial, runs)}
+        totals = trial_totals(session, [trial_id]).get(trial_id, StorageTotals())
+        return {"trial": convert.trial_to_api(trial, runs, storage=totals)}
 
 
 @router.post("/trials/{trial_id}/kill")

@@ -171,3 +171,20 @@ class CompletedOperationRequest(ApiModel):
 
 class DeleteCheckpointsRequest(ApiModel):
     checkpoint_uuids: list[CheckpointUuid] = Field(max_length=10_000)
+
+
+class PatchCheckpointStorage(ApiModel):
+    """Determined's ``PatchExperiment.PatchCheckpointStorage``; a field left out keeps its value."""
+
+    save_experiment_best: Count32 | None = None
+    save_trial_best: Count32 | None = None
+    save_trial_latest: Count32 | None = None
+
+
+class PatchExperimentRequest(ApiModel):
+    """Determined's ``v1PatchExperiment``: the fields this master changes (others are ignored)."""
+
+    id: Id | None = None
+    name: str | None = Field(default=None, min_length=1, max_length=512)
+    description: str | None = Field(default=None, max_length=10_000)
+    checkpoint_storage: PatchCheckpointStorage | None = None

@@ -1,16 +1,24 @@
-"""`det checkpoint` (alias `c`): describe and download.
+"""`det checkpoint` (alias `c`): describe, download and delete.
 
-The master does not stream checkpoint files (yet): ``download`` copies the checkpoint's directory when it is
-readable here, on the shared filesystem. It looks for ``<uuid>`` under the experiment's ``checkpoint_storage``
-(``host_path/storage_path``, ``storage_path``, ``host_path``) and then under the master's default checkpoint
-root (``DET_CHECKPOINT_ROOT``, default ``~/hpc-det/checkpoints``).
+The master does not stream checkpoint files: ``download`` copies the checkpoint's directory where it is
+readable, on the shared filesystem (a login node mounts it as the compute nodes do). It looks for ``<uuid>``
+under the experiment's ``checkpoint_storage`` (``host_path/storage_path``, ``storage_path``, ``host_path``) and
+then under the master's default checkpoint root (``DET_CHECKPOINT_ROOT``, default ``~/hpc-det/checkpoints``).
+The copy keeps the files' modes and times and never follows a link, is checked against the sizes the
+checkpoint recorded (``resources``), gets the master's ``metadata.json`` (as Determined's download does), and
+appears under its name only once complete.
+
+``delete`` is Determined's ``DELETE /api/v1/checkpoints``: the master removes the files as the owner's account.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import posixpath
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +27,8 @@ from hpc_master.cli._client import Session, session_from_args
 from hpc_master.cli._context import human_size
 from hpc_master.cli._output import key_values, print_json, state
 from hpc_master.errors import ClientError
+
+METADATA_FILE = "metadata.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -33,7 +43,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = ckpt_sub.add_parser("download", help="copy a checkpoint's files from the shared filesystem")
     p.add_argument("uuid", metavar="UUID")
     p.add_argument("-o", "--output-dir", type=Path, help="where to put it (default: checkpoints/UUID)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the path")
     p.set_defaults(func=_download)
+
+    p = ckpt_sub.add_parser("delete", help="delete checkpoints (their files too)")
+    p.add_argument("uuids", metavar="UUID", nargs="+", help="checkpoint uuids (or comma-separated lists)")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    p.set_defaults(func=_delete)
 
 
 def _get(session: Session, uuid: str) -> dict[str, Any]:
@@ -63,10 +79,21 @@ def _describe(args: argparse.Namespace) -> int:
                 ("Validation metrics", training.get("validationMetrics")),
                 ("Files", f"{len(resources)} ({human_size(size)})" if resources else ""),
                 ("Metadata", c.get("metadata")),
+                ("Deletion", _deletion_text(c.get("deletion"))),
             ]
         )
     )
     return 0
+
+
+def _deletion_text(deletion: Any) -> str:
+    """A deletion that is wanted and not done: the last failure and when the master tries again."""
+    if not isinstance(deletion, dict):
+        return ""
+    if not deletion.get("error"):
+        return f"in progress (retried at {deletion.get('retryAt')} if it does not finish)"
+    retry = f"; retried at {deletion['retryAt']}" if deletion.get("retryAt") else "; not retried"
+    return f"failed {deletion.get('attempts', 0)} times: {deletion.get('error')}{retry}"
 
 
 def candidate_dirs(uuid: str, experiment_config: dict[str, Any]) -> list[Path]:
@@ -111,6 +138,73 @@ def _download(args: argparse.Namespace) -> int:
     target: Path = args.output_dir or Path("checkpoints") / args.uuid
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ClientError(f"{target} already exists and is not an empty directory")
-    shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
-    print(f"Downloaded checkpoint {args.uuid} to {target}")
+    copy_checkpoint(source, target, c.get("resources") or {}, c.get("metadata") or {})
+    if args.quiet:
+        print(target)
+    else:
+        print(f"Downloaded checkpoint {args.uuid} to {target}")
+    return 0
+
+
+def copy_checkpoint(source: Path, target: Path, resources: dict[str, Any], metadata: dict[str, Any]) -> None:
+    """Copy `source` into `target` through a hidden sibling renamed into place once complete: files keep
+    their modes and times (``copy2``), links are copied as links (never followed), every file the checkpoint
+    recorded must be there with its recorded size, and ``metadata.json`` is the master's record."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    if partial.exists():
+        shutil.rmtree(partial)
+    try:
+        shutil.copytree(source, partial, symlinks=True)
+        problems = check_copy(partial, resources)
+        if problems:
+            shown = "; ".join(problems[:5]) + (
+                f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+            )
+            raise ClientError(f"the checkpoint's files in {source} are not what it recorded: {shown}")
+        (partial / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
+        if target.is_dir():
+            target.rmdir()  # empty (checked by the caller)
+        partial.rename(target)
+    finally:
+        if partial.exists():
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def check_copy(root: Path, resources: dict[str, Any]) -> list[str]:
+    """Recorded files missing from the copy or of another size (``resources``: relative path → bytes;
+    directories end with ``/``). ``metadata.json`` is rewritten anyway and not checked."""
+    problems = []
+    for rel, size in sorted(resources.items()):
+        if rel.endswith("/") or rel == METADATA_FILE or not isinstance(size, int):
+            continue
+        path = root / rel
+        if posixpath.isabs(rel) or ".." in Path(rel).parts or not path.is_file():
+            problems.append(f"{rel} is missing")
+        elif path.stat().st_size != size:
+            problems.append(f"{rel} has {path.stat().st_size} bytes, {size} recorded")
+    return problems
+
+
+def _delete(args: argparse.Namespace) -> int:
+    uuids = [u for arg in args.uuids for u in arg.split(",") if u.strip()]
+    uuids = list(dict.fromkeys(u.strip() for u in uuids))
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise ClientError("refusing to delete checkpoints without confirmation: pass --yes")
+        answer = input(f"Delete {len(uuids)} checkpoints and their files for good? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("Not deleted.")
+            return 1
+    body = session_from_args(args).call("DELETE", "/api/v1/checkpoints", json={"checkpointUuids": uuids})
+    failed = body.get("failed") or []
+    for item in failed:
+        print(f"Could not delete checkpoint {item.get('uuid')}: {item.get('error')}", file=sys.stderr)
+    if failed:
+        print(
+            "The master records the failures and retries them; `det c describe UUID` shows them.",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"Deleted {len(uuids)} checkpoints")
     return 0

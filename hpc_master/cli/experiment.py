@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from hpc_master.cli import _follow
+from hpc_master.cli import _follow, experiment_set
 from hpc_master.cli._client import UPLOAD_CHUNK_BYTES, Session, session_from_args
 from hpc_master.cli._context import check_size, human_size, plan_context, read_context, warn_skipped
 from hpc_master.cli._output import add_format_flags, emit, key_values, print_json, print_table, state
@@ -86,6 +86,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("experiment_id", metavar="ID", type=int)
     p.set_defaults(func=_wait)
+
+    experiment_set.register(exp_sub)
 
 
 # ---------------------------------------------------------------- create
@@ -254,7 +256,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 TRIAL_HEADERS = ["Trial ID", "State", "H-Params", "Restarts", "Steps", "Searcher Metric", "Start Time",
-                 "End Time"]  # fmt: skip
+                 "End Time", "Checkpoints"]  # fmt: skip
 
 
 def trial_row(t: dict[str, Any]) -> list[Any]:
@@ -267,6 +269,7 @@ def trial_row(t: dict[str, Any]) -> list[Any]:
         t.get("searcherMetricValue"),
         t.get("startTime"),
         t.get("endTime"),
+        f"{t.get('checkpointCount') or 0} ({human_size(int(t.get('totalCheckpointSize') or 0))})",
     ]
 
 
@@ -297,6 +300,8 @@ def _describe(args: argparse.Namespace) -> int:
                 ("Start time", e.get("startTime")),
                 ("End time", e.get("endTime")),
                 ("Trials", body.get("trialCounts") or len(trials)),
+                ("Checkpoints", storage_text(e)),
+                ("GC policy", gc_policy_text(e.get("config") or {})),
             ]
         )
     )
@@ -309,6 +314,23 @@ def _describe(args: argparse.Namespace) -> int:
         for trial_id, text in waiting:
             print(f"  trial {trial_id}: {text}")
     return 0
+
+
+def storage_text(e: dict[str, Any]) -> str:
+    """ "3 kept (1.2 GB); 7 deleted (2.9 GB freed)" from Determined's ``checkpointSize``/``checkpointCount``."""
+    kept = f"{e.get('checkpointCount') or 0} kept ({human_size(int(e.get('checkpointSize') or 0))})"
+    deleted = int(e.get("deletedCheckpointCount") or 0)
+    if not deleted:
+        return kept
+    return f"{kept}; {deleted} deleted ({human_size(int(e.get('deletedCheckpointSize') or 0))} freed)"
+
+
+def gc_policy_text(config: dict[str, Any]) -> str:
+    storage = config.get("checkpoint_storage")
+    if not isinstance(storage, dict):
+        return ""
+    names = ("save_experiment_best", "save_trial_best", "save_trial_latest")
+    return ", ".join(f"{n} {storage[n]}" for n in names if n in storage)
 
 
 WAITING_SHOWN = 50
@@ -340,6 +362,7 @@ def checkpoint_row(c: dict[str, Any]) -> list[Any]:
     training = c.get("training") or {}
     resources = c.get("resources") or {}
     size = sum(v for v in resources.values() if isinstance(v, int)) if isinstance(resources, dict) else 0
+    size = int(c.get("size") or size)
     return [
         training.get("trialId"),
         c.get("stepsCompleted"),

@@ -209,7 +209,7 @@ class MetricCurveModel(Base):
 
 class MetricCurveMarkModel(Base):
     """How far an experiment's saved curves (``metric_curves``) have read its metric rows: every row with an
-    id ≤ ``last_id`` except those late-committed ones not in ``recent`` (int64s, native order)."""
+    id ≤ ``last_id`` except those late-committed ones not in ``recent`` (little-endian int64s)."""
 
     __tablename__ = "metric_curve_marks"
 
@@ -219,6 +219,7 @@ class MetricCurveMarkModel(Base):
     last_id: Mapped[int] = mapped_column(BigInteger)
     recent: Mapped[bytes] = mapped_column(LargeBinary)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    """When the saved curves were read from the metric rows."""
 
 
 class CheckpointModel(Base):
@@ -232,6 +233,26 @@ class CheckpointModel(Base):
     resources: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
     report_time: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    """The sum of ``resources`` (the harness's {path: bytes}), kept for the storage totals."""
+    gc_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    """Failed attempts to delete the checkpoint's files (``services.checkpoint_gc``)."""
+    gc_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """Why the last attempt to delete its files failed."""
+    gc_retry_at: Mapped[dt.datetime | None] = mapped_column(nullable=True, index=True)
+    """Set while its deletion is wanted and not done: when the next attempt is due (or a running attempt's
+    lease ends). Null once deleted, and for checkpoints nobody asked to delete."""
+
+
+class CheckpointGCRequestModel(Base):
+    """Outbox of experiments whose checkpoints the GC policy should look at again (a trial paused or ended,
+    the experiment ended, its policy changed); the lifecycle loop's collector consumes them."""
+
+    __tablename__ = "checkpoint_gc_requests"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
 class LogFileModel(Base):

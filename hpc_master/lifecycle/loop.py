@@ -22,6 +22,7 @@ from hpc_master.lifecycle.configs import LEAN_EXPERIMENT
 from hpc_master.lifecycle.jobs import JobDriver, compile_job_code
 from hpc_master.services import lifecycle as svc
 from hpc_master.services import notify
+from hpc_master.services.checkpoint_gc import CheckpointCollector
 from hpc_master.services.common import InvalidTransitionError
 from hpc_master.services.states import ExperimentState
 from hpc_master.services.users import purge_expired_sessions
@@ -33,11 +34,17 @@ HOUSEKEEPING_S = 600.0
 
 class LifecycleLoop:
     def __init__(
-        self, sessions: sessionmaker[Session], jobs: JobDriver | None, interval_s: float = 2.0
+        self,
+        sessions: sessionmaker[Session],
+        jobs: JobDriver | None,
+        interval_s: float = 2.0,
+        collector: CheckpointCollector | None = None,
     ) -> None:
         self.sessions = sessions
         self.jobs = jobs
         self.interval_s = interval_s
+        self.collector = collector
+        """Checkpoint GC: the experiments' policies applied, failed deletions retried (None: no GC)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ticks = 0
@@ -57,8 +64,19 @@ class LifecycleLoop:
             if self.jobs.poll():
                 self.drive_searchers()
             self.jobs.submit_pending()
+        self.collect_checkpoints()
         self.housekeeping()
         self.ticks += 1
+
+    def collect_checkpoints(self) -> None:
+        """Checkpoint GC (``services.checkpoint_gc``): record the last batch's removals and start the next in
+        the collector's own thread, so that files being deleted never hold up the loop."""
+        if self.collector is None:
+            return
+        try:
+            self.collector.step()
+        except Exception:
+            log.exception("checkpoint GC failed; retried next tick")
 
     def housekeeping(self, *, every_s: float = HOUSEKEEPING_S) -> None:
         """Chores that need no hurry, at most every ``every_s``: expired login sessions and trial tokens
@@ -144,3 +162,5 @@ class LifecycleLoop:
         notify.changed()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self.collector is not None:
+            self.collector.close()

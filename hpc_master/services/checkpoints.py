@@ -1,11 +1,10 @@
-"""Checkpoints: registration (idempotent on uuid), lookup, deletion, and best-N listing."""
+"""Checkpoints: registration (idempotent on uuid), lookup, where their directories are, and best-N listing
+(deletion and GC: ``checkpoint_gc``)."""
 
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import re
-import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,12 +14,10 @@ from sqlalchemy import and_, select, update
 from sqlalchemy.orm import Session
 
 from hpc_master.db.models import CheckpointModel, ExperimentModel, MetricModel, TrialModel, utcnow
-from hpc_master.errors import ClientError, ConflictError, NotFoundError
+from hpc_master.errors import ClientError, ConflictError
 from hpc_master.services.common import get_or_404
 from hpc_master.services.experiments import searcher_metric
 from hpc_master.services.metrics import metric_value
-
-log = logging.getLogger(__name__)
 
 CHECKPOINT_STATES = {"ACTIVE", "COMPLETED", "ERROR", "DELETED", "PARTIALLY_DELETED"}
 UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -67,6 +64,7 @@ def report_checkpoint(session: Session, report: CheckpointReport) -> CheckpointM
         resources=report.resources,
         metadata_=report.metadata,
         report_time=report.report_time or utcnow(),
+        size_bytes=resources_size(report.resources),
     )
     session.add(row)
     if state == "COMPLETED":
@@ -79,22 +77,13 @@ def report_checkpoint(session: Session, report: CheckpointReport) -> CheckpointM
     return row
 
 
+def resources_size(resources: Mapping[str, Any]) -> int:
+    """Bytes of a checkpoint's ``resources`` ({path: bytes}; directories count 0)."""
+    return sum(v for v in resources.values() if isinstance(v, int) and not isinstance(v, bool) and v > 0)
+
+
 def get_checkpoint(session: Session, uuid: str) -> CheckpointModel:
     return get_or_404(session, CheckpointModel, uuid, "checkpoint")
-
-
-def mark_deleted(session: Session, uuids: list[str]) -> list[str]:
-    """Mark checkpoints DELETED; returns those that were not already (their files can now be removed)."""
-    rows = list(session.scalars(select(CheckpointModel).where(CheckpointModel.uuid.in_(uuids))))
-    missing = set(uuids) - {r.uuid for r in rows}
-    if missing:
-        raise NotFoundError(f"checkpoint {sorted(missing)[0]} not found", field="checkpointUuids")
-    changed = []
-    for row in rows:
-        if row.state != "DELETED":
-            row.state = "DELETED"
-            changed.append(row.uuid)
-    return changed
 
 
 def storage_root(experiment_config: Mapping[str, Any], default_root: Path) -> Path | None:
@@ -111,37 +100,21 @@ def storage_root(experiment_config: Mapping[str, Any], default_root: Path) -> Pa
     return None
 
 
-def checkpoint_dirs(session: Session, uuids: Iterable[str], default_root: Path) -> list[Path]:
-    """The directories of these checkpoints, each from the database's record (its experiment's storage and
-    its own uuid), never from a caller's string. Rows with a non-canonical uuid (none since uuids are
-    checked where they enter) or in storage the master cannot see have no directory here."""
+def checkpoint_dir_map(session: Session, uuids: Iterable[str], default_root: Path) -> dict[str, Path | None]:
+    """Each checkpoint's directory, from the database's record (its experiment's storage and its own uuid),
+    never from a caller's string; None for a row with a non-canonical uuid (none since uuids are checked
+    where they enter) or in storage the master cannot see. Unknown uuids are left out."""
     rows = session.execute(
         select(CheckpointModel.uuid, ExperimentModel.config)
         .join(TrialModel, TrialModel.id == CheckpointModel.trial_id)
         .join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
         .where(CheckpointModel.uuid.in_(list(uuids)))
     ).all()
-    dirs = []
+    out: dict[str, Path | None] = {}
     for uuid, config in rows:
         root = storage_root(config or {}, default_root)
-        if root is None or not UUID_RE.fullmatch(uuid):
-            log.warning("checkpoint %r: no directory on this host to remove", uuid)
-            continue
-        dirs.append(root / uuid)
-    return dirs
-
-
-def remove_checkpoint_dirs(dirs: Iterable[Path]) -> None:
-    """Remove checkpoint directories; never follows a link (a link in place of a checkpoint is removed
-    itself, and ``rmtree`` does not descend into links)."""
-    for target in dirs:
-        try:
-            if target.is_symlink():
-                target.unlink()
-            elif target.is_dir():
-                shutil.rmtree(target)
-        except OSError as err:
-            log.warning("could not remove checkpoint directory %s: %s", target, err)
+        out[uuid] = root / uuid if root is not None and UUID_RE.fullmatch(uuid) else None
+    return out
 
 
 @dataclass(frozen=True)

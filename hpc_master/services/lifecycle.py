@@ -17,6 +17,7 @@ from sqlalchemy import and_, delete, event, func, inspect, or_, select
 from sqlalchemy.orm import Session, UOWTransaction
 
 from hpc_master.db.models import (
+    CheckpointGCRequestModel,
     CheckpointModel,
     ExperimentModel,
     LogFileModel,
@@ -69,6 +70,7 @@ def set_experiment_state(
     experiment.state = new_state
     if new_state in TERMINAL_EXPERIMENT_STATES:
         experiment.end_time = utcnow()
+        request_checkpoint_gc(session, experiment.id)
     record_event(session, "experiment", experiment.id, old, new_state, reason)
     return True
 
@@ -86,6 +88,8 @@ def set_trial_state(session: Session, trial: TrialModel, new_state: TrialState, 
     if new_state in TERMINAL_TRIAL_STATES:
         trial.end_time = utcnow()
         trial.searcher_op_length = None
+    if new_state in GC_TRIAL_STATES:
+        request_checkpoint_gc(session, trial.experiment_id)
     record_event(session, "trial", trial.id, old, new_state, reason)
     return True
 
@@ -101,8 +105,22 @@ def set_run_state(session: Session, run: TrialRunModel, new_state: RunState, rea
         run.start_time = utcnow()
     if new_state not in LIVE_RUN_STATES:
         run.end_time = utcnow()
+        trial = session.get(TrialModel, run.trial_id)
+        if trial is not None and trial.state in GC_TRIAL_STATES:  # a paused trial's last job ended
+            request_checkpoint_gc(session, trial.experiment_id)
     record_event(session, "trial_run", run.id, old, new_state, reason)
     return True
+
+
+GC_TRIAL_STATES = frozenset({TrialState.PAUSED, *TERMINAL_TRIAL_STATES})
+"""Trial states in which its checkpoints may be collected, once no job of it runs."""
+
+
+def request_checkpoint_gc(session: Session, experiment_id: int) -> None:
+    """Ask the lifecycle loop's checkpoint collector (``services.checkpoint_gc``) to apply the experiment's
+    GC policy again: a trial paused or ended, a job of a paused trial ended, the experiment ended, or its
+    policy changed. Requests are coalesced by experiment."""
+    session.add(CheckpointGCRequestModel(experiment_id=experiment_id))
 
 
 # ---------------------------------------------------------------- trials and runs

@@ -264,8 +264,10 @@ def test_checkpoints_listed_best_first(client: TestClient, sessions: sessionmake
     admin = login(client)
     exp_id = create_experiment(client, admin)
     losses = {"a": 0.3, "b": 0.1, "c": 0.2}
+    trial_ids = {}
     for request_id, loss in losses.items():
         trial_id, token = make_trial(sessions, exp_id, request_id)
+        trial_ids[request_id] = trial_id
         item = {"trialRunId": 1, "stepsCompleted": 100, "metrics": {"avgMetrics": {"validation_loss": loss}}}
         client.post(
             f"/api/v1/trials/{trial_id}/metrics",
@@ -297,6 +299,8 @@ def test_checkpoints_listed_best_first(client: TestClient, sessions: sessionmake
     assert got["state"] == "STATE_COMPLETED" and got["metadata"]["steps_completed"] == 100
     with transaction(sessions) as s:
         assert s.get(TrialModel, got["training"]["trialId"]).latest_checkpoint == ckpt_uuid("b")  # type: ignore[union-attr]
+        # An ended trial's latest checkpoint may be deleted (a trial that can still run resumes from it).
+        s.execute(update(TrialModel).where(TrialModel.id == trial_ids["a"]).values(state="COMPLETED"))
     assert (
         client.request(
             "DELETE", "/api/v1/checkpoints", headers=admin, json={"checkpointUuids": [ckpt_uuid("a")]}

@@ -1,0 +1,93 @@
+"""Remove checkpoint directories without following links. Standard library only: a root master runs this file
+as a script under the checkpoint owner's account (``runuser -u USER -- python -I checkpoint_rmtree.py``), so
+the files go with that account's rights, never root's; a master that runs as its only user calls
+``remove_dir`` in-process.
+
+Protocol (script): a JSON list of absolute paths on stdin; one JSON object per path on stdout, in order, as
+each is done (``{"path", "ok", "error", "touched"}``), so a killed run still says how far it got.
+
+Each path must end in a canonical checkpoint uuid (the master builds it from the database's record: the
+experiment's storage root and the checkpoint's uuid). A link in place of a checkpoint is removed itself, and
+``shutil.rmtree`` removes directories through file descriptors, never descending into a link (it refuses a
+directory swapped for a link while it works).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import sys
+from typing import Any
+
+UUID_NAME = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+ERRORS_SHOWN = 3
+
+
+def _describe(path: str, exc: BaseException) -> str:
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return f"{path}: {reason}"
+
+
+def remove_dir(path: str) -> dict[str, Any]:
+    """Remove one checkpoint directory; ``touched`` says whether anything may have been removed."""
+    out: dict[str, Any] = {"path": path, "ok": False, "error": None, "touched": False}
+    if not os.path.isabs(path) or not UUID_NAME.fullmatch(os.path.basename(path)):
+        out["error"] = f"{path}: not a checkpoint directory (an absolute path ending in a checkpoint uuid)"
+        return out
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        out["ok"] = True  # already gone
+        return out
+    except OSError as exc:
+        out["error"] = _describe(path, exc)
+        return out
+    if not stat.S_ISDIR(st.st_mode):  # a link (or a file) in place of a checkpoint: only it goes
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            out["error"] = _describe(path, exc)
+            return out
+        out["ok"] = out["touched"] = True
+        return out
+    errors: list[str] = []
+
+    def on_error(_func: Any, failed: str, exc_info: Any) -> None:
+        exc = exc_info[1] if isinstance(exc_info, tuple) else exc_info
+        if not isinstance(exc, FileNotFoundError):
+            errors.append(_describe(failed, exc))
+
+    out["touched"] = True
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=on_error)
+    else:
+        shutil.rmtree(path, onerror=on_error)
+    if errors:
+        more = f" (and {len(errors) - ERRORS_SHOWN} more)" if len(errors) > ERRORS_SHOWN else ""
+        out["error"] = "; ".join(errors[:ERRORS_SHOWN]) + more
+        return out
+    out["ok"] = True
+    return out
+
+
+def main() -> int:
+    try:
+        paths = json.load(sys.stdin)
+    except ValueError as exc:
+        print(f"checkpoint_rmtree: expected a JSON list of paths on stdin: {exc}", file=sys.stderr)
+        return 2
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        print("checkpoint_rmtree: expected a JSON list of paths on stdin", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(json.dumps(remove_dir(path)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
