@@ -24,7 +24,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hpc_master.api import convert
+from hpc_master.api import convert, routes_ui_live
 from hpc_master.api.bounds import INT32_MAX, Count64, Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.db.models import ExperimentModel, TrialModel, UserModel
@@ -493,6 +493,7 @@ def install(app: FastAPI) -> None:
     a stack trace) for an unknown address outside ``/api``."""
     app.state.curves = CurveCache()
     app.state.cluster_view = CachedClusterView(SlurmCli(timeout_s=10.0), ttl_s=DEFAULT_TTL_S)
+    app.include_router(routes_ui_live.router)  # the pages' change streams (live updates)
     app.include_router(pages)
     app.mount("/webui", StaticFiles(directory=ASSETS_DIR, check_dir=True), name="webui")
 

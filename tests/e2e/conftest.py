@@ -43,8 +43,9 @@ def _free_port(host: str) -> int:
 
 
 class Master:
-    def __init__(self, root: Path, researcher: Researcher) -> None:
+    def __init__(self, root: Path, researcher: Researcher, db_url: str | None = None) -> None:
         self.root = root
+        self.db_url = db_url or f"sqlite:///{root}/master.db"
         self.host = _bridge_ip()
         self.port = _free_port(self.host)
         self.url = f"http://{self.host}:{self.port}"
@@ -60,7 +61,7 @@ class Master:
             f"""
 listen: {{host: {self.host}, port: {self.port}}}
 external_url: {self.url}
-db: {{url: "sqlite:///{root}/master.db"}}
+db: {{url: "{self.db_url}"}}
 job_storage_root: {root}/jobs
 checkpoint_storage: {{host_path: {root}/checkpoints}}
 resource_pools:
@@ -112,13 +113,17 @@ poll_interval_s: 1
 
     def job_ids(self, *, live_only: bool = False) -> list[str]:
         """The Slurm job ids of this master's trial runs (job names repeat across masters)."""
-        import sqlite3
+        from sqlalchemy import create_engine, text
 
         where = "state IN ('PENDING', 'RUNNING') AND " if live_only else ""
-        with sqlite3.connect(self.root / "master.db") as db:
-            rows = db.execute(
-                f"SELECT slurm_job_id FROM trial_runs WHERE {where}slurm_job_id IS NOT NULL"
-            ).fetchall()
+        engine = create_engine(self.db_url)
+        try:
+            with engine.connect() as db:
+                rows = db.execute(
+                    text(f"SELECT slurm_job_id FROM trial_runs WHERE {where}slurm_job_id IS NOT NULL")
+                ).fetchall()
+        finally:
+            engine.dispose()
         return [str(r[0]) for r in rows]
 
     # ---- API helpers ---------------------------------------------------------------------------------
@@ -209,6 +214,30 @@ def master(researcher: Researcher) -> Iterator[Master]:
     root.chmod(0o755)
     with started(Master(root, researcher)) as m:
         yield m
+
+
+@contextlib.contextmanager
+def fresh_pg_database() -> Iterator[str]:
+    """A new, empty database on the PostgreSQL server at DET_TEST_PG_URL (skips without one, fails under
+    DET_TEST_REQUIRE_ALL=1); dropped afterwards."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    base = os.environ.get("DET_TEST_PG_URL")
+    if not base:
+        if os.environ.get("DET_TEST_REQUIRE_ALL") == "1":
+            pytest.fail("DET_TEST_PG_URL is unset and DET_TEST_REQUIRE_ALL=1")
+        pytest.skip("DET_TEST_PG_URL is unset (scripts/postgres.sh start)")
+    name = f"hpcdet_e2e_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(base).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
 @pytest.fixture()

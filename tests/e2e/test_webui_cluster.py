@@ -5,18 +5,33 @@ user cannot act on it from the UI."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Master
+from tests.e2e.conftest import Master, fresh_pg_database, started
 from tests.e2e.test_experiments import LONG, TERMINAL_OK
+from tests.slurm.fixtures import SHARED_TEST_ROOT, Researcher
 from tests.webui.conftest import Page
 from tests.webui.conftest import browser as browser  # the chromium fixture (one per module)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.browser]
+
+
+@pytest.fixture(params=[pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)])
+def master(request: pytest.FixtureRequest, researcher: Researcher) -> Iterator[Master]:
+    """The e2e master, on SQLite and on PostgreSQL."""
+    root = SHARED_TEST_ROOT / f"master-{uuid.uuid4().hex[:10]}"
+    root.mkdir(parents=True)
+    root.chmod(0o755)
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(fresh_pg_database()) if request.param == "postgres" else None
+        yield stack.enter_context(started(Master(root, researcher, url)))
 
 
 def _trial(

@@ -46,6 +46,10 @@ TAMED: dict[str, dict[str, Any]] = {
     "/api/v1/experiments/{experiment_id}/metrics-stream/metric-names": {"periodSeconds": 0},
     "/api/v1/experiments/{experiment_id}/metrics-stream/trials-sample": {"periodSeconds": 0},
     "/api/v1/experiments/{experiment_id}/metrics-stream/trials-snapshot": {"periodSeconds": 0},
+    # The web UI's change streams send every digest, then only changes, until told not to follow.
+    "/api/v1/webui/changes": {"follow": "false"},
+    "/api/v1/webui/experiments/{experiment_id}/changes": {"follow": "false"},
+    "/api/v1/webui/trials/{trial_id}/changes": {"follow": "false"},
 }
 """Query parameters fixed for the routes that would otherwise wait."""
 WAITING_PARAMETERS = {"follow", "timeoutSeconds", "periodSeconds"}

@@ -48,8 +48,9 @@ export async function api(path, { method = "GET", body, params, signal } = {}) {
 }
 
 // A newline-delimited JSON stream (Determined's streaming shape: one {"result": ...} per line).
-// Calls onMessage(result) for each; resolves when the stream ends; abort with the signal.
-export async function stream(path, { params, signal, onMessage }) {
+// Calls onMessage(result) for each, and onData() for every chunk read (heartbeats, blank lines, included);
+// resolves when the stream ends; abort with the signal.
+export async function stream(path, { params, signal, onMessage, onData }) {
   const resp = await fetch(`/api/v1${path}${query(params)}`, { signal, credentials: "same-origin" });
   if (!resp.ok) throw await failure(resp);
   const reader = resp.body.getReader();
@@ -58,6 +59,7 @@ export async function stream(path, { params, signal, onMessage }) {
   for (;;) {
     const { value, done } = await reader.read();
     if (done) break;
+    if (onData) onData();
     buffered += decoder.decode(value, { stream: true });
     let nl;
     while ((nl = buffered.indexOf("\n")) >= 0) {

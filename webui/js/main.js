@@ -57,7 +57,10 @@ async function logout() {
 
 export function currentUser() { return session && session.user; }
 
+let routing = 0; // which route() call is the latest: an earlier one still awaiting the session renders nothing
+
 async function route() {
+  const mine = ++routing;
   if (cleanup) { try { cleanup(); } catch (e) { console.warn(e); } cleanup = null; }
   const path = location.pathname.replace(/\/+$/, "") || "/";
   const found = routes.map(([re, page, params]) => { const m = path.match(re); return m && { page, params: params(m) }; }).find(Boolean);
@@ -67,7 +70,8 @@ async function route() {
     return;
   }
   if (found.page !== login && !session) {
-    try { session = await api("/webui/session"); } catch { toLogin(); return; }
+    try { session = await api("/webui/session"); } catch { if (mine === routing) toLogin(); return; }
+    if (mine !== routing) return;
   }
   header();
   replace(app);
@@ -81,5 +85,6 @@ document.addEventListener("click", (ev) => {
   navigate(a.getAttribute("href"));
 });
 window.addEventListener("popstate", route);
-window.addEventListener("DOMContentLoaded", route);
-if (document.readyState !== "loading") route();
+// Modules run deferred, when the document is usually parsed already: route once, now or when it is.
+if (document.readyState === "loading") window.addEventListener("DOMContentLoaded", route, { once: true });
+else route();

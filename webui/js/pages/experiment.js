@@ -1,11 +1,12 @@
 import { api, ApiError, stream } from "../api.js";
 import { actionButtons } from "../actions.js";
 import { learningCurves } from "../charts.js";
-import { bytes, copyable, duration, h, hparamsText, link, num, progressBar, replace, sortableTable, stateBadge, stateName, time } from "../dom.js";
+import { bytes, copyable, h, hparamsText, link, num, progressBar, replace, sortableTable, stateBadge, stateName, time } from "../dom.js";
+import { liveUpdates, pageLife, runningDuration } from "../page.js";
 import { hyperparameters } from "./hyperparameters.js";
 
 const TABS = [["curves", "Learning curves"], ["hyperparameters", "Hyperparameters"], ["search", "Search"], ["trials", "Trials"], ["checkpoints", "Checkpoints"], ["config", "Config"]];
-const REFRESH_MS = 1500;
+const TAB_VIEWS = { curves, hyperparameters: (e) => hyperparameters(e), search, trials, checkpoints, config };
 
 export function notFound(root, what, id) {
   root.append(h("div", { class: "notfound" }, h("h1", {}, `No ${what} ${id}`),
@@ -17,31 +18,28 @@ export function render(root, { id, tab }, ctx) {
   if (!/^[1-9][0-9]{0,9}$/.test(id)) { notFound(root, "experiment", id); return null; }
   tab = tab || "curves";
   if (!TABS.some(([t]) => t === tab)) { notFound(root, "tab", tab); return null; }
-  const timers = [];
-  const page = new AbortController();
-  const aborts = [page];
   const headerBox = h("div");
   const error = h("p", { class: "error" });
   const body = h("div", { id: "tab-body" });
+  const life = pageLife(error);
   let experiment = null;
   let canModify = false;
+  let started = false;
 
   async function loadHeader() {
     try {
-      const data = await api(`/experiments/${id}`);
+      const data = await api(`/experiments/${id}`, { signal: life.signal() });
+      if (life.closed()) return;
       experiment = data.experiment;
       const me = ctx.session.user;
       canModify = me.admin || experiment.userId === me.id;
       drawHeader(data);
       error.textContent = "";
-      return true;
     } catch (e) {
-      if (e instanceof ApiError && e.status === 404 && !experiment) { replace(root); notFound(root, "experiment", id); return false; }
-      error.textContent = e.message;
-      return !!experiment;
-    } finally {
-      if (experiment) timers.push(setTimeout(loadHeader, REFRESH_MS));
+      if (e instanceof ApiError && e.status === 404 && !experiment) { life.close(); replace(root); notFound(root, "experiment", id); return; }
+      throw e;
     }
+    if (!started) { started = true; TAB_VIEWS[tab](env); }
   }
 
   function drawHeader(data) {
@@ -54,33 +52,31 @@ export function render(root, { id, tab }, ctx) {
       h("div", { class: "header" }, h("h1", {}, e.name || `Experiment ${e.id}`), h("span", { class: "muted" }, `#${e.id}`), h("span", { id: "exp-state" }, stateBadge(e.state)),
         e.archived ? h("span", { class: "muted" }, "archived") : "",
         h("span", { class: "spacer", style: { flex: 1 } }),
-        actionButtons(e, canModify, () => loadHeader(), (err) => { error.textContent = err.message; })),
+        actionButtons(e, canModify, () => live.refresh(header), (err) => { error.textContent = err.message; })),
       h("div", { class: "facts" },
         fact("Progress", progressBar(e.progress)),
         fact("Searcher", `${searcher.name || e.searcherType || "–"}${searcher.promotion ? ` (${searcher.promotion})` : ""}`),
         fact("Metric", `${e.searcherMetric || "–"}${searcher.smaller_is_better === false ? " ↑ larger is better" : " ↓ smaller is better"}`),
         fact("Owner", e.username),
         fact("Pool", `${e.resourcePool}${partition ? ` · partition ${partition}` : ""}`),
-        fact("Trials", counts || "none yet"),
+        h("div", {}, h("span", {}, "Trials"), h("span", { id: "exp-trial-counts" }, counts || "none yet")),
         fact("Started", time(e.startTime)),
-        fact("Duration", duration(e.startTime, e.endTime))));
+        h("div", {}, h("span", {}, "Duration"), runningDuration(e.startTime, e.endTime))));
   }
 
   const tabs = h("nav", { class: "tabs" }, TABS.map(([t, label]) => h("a", { href: `/experiments/${id}/${t}`, "data-nav": "", class: t === tab ? "active" : "", "data-tab": t }, label)));
   root.append(headerBox, error, tabs, body);
 
+  // The experiment's change stream: the header and the open tab's table fetch again when theirs changed.
+  const live = liveUpdates(life, `/webui/experiments/${id}/changes`);
   const env = {
-    id, body, timers, aborts, navigate: ctx.navigate,
+    id, body, aborts: life.aborts, navigate: ctx.navigate, live,
     experiment: () => experiment, canModify: () => canModify,
-    every(fn, ms) { const loop = async () => { try { await fn(); } catch (e) { if (e.name !== "AbortError") error.textContent = e.message; } timers.push(setTimeout(loop, ms)); }; loop(); },
-    signal() { return page.signal; },
-    error(msg) { error.textContent = msg; },
+    signal: life.signal, error: life.error, fail: life.fail,
   };
-  loadHeader().then((ok) => {
-    if (!ok) return;
-    ({ curves, hyperparameters: (e) => hyperparameters(e), search, trials, checkpoints, config })[tab](env);
-  });
-  return () => { timers.forEach(clearTimeout); timers.length = 0; aborts.forEach((c) => c.abort()); };
+  const header = live.on(["experiment", "trialStates"], loadHeader, { eager: true });
+  life.clock(root);
+  return () => life.close();
 }
 
 function fact(label, value) { return h("div", {}, h("span", {}, label), h("span", {}, value)); }
@@ -91,6 +87,13 @@ function smallerIsBetter(env, name) {
   const s = (env.experiment().config || {}).searcher || {};
   if (name === s.metric) return s.smaller_is_better !== false;
   return !/acc|auc|f1|precision|recall|score|iou|bleu/i.test(name);
+}
+
+// Points per trial to ask for: one per pixel column for a few trials, fewer as trials add up, so a page
+// never takes more than ~POINT_BUDGET points (1,000 trials: 320 each, ~9 MB) however large the search.
+const POINT_BUDGET = 320000;
+function pointsPerTrial(width, trials) {
+  return Math.max(32, Math.min(1000, Math.floor(width), Math.floor(POINT_BUDGET / Math.max(1, trials || 1))));
 }
 
 function curves(env) {
@@ -109,8 +112,27 @@ function curves(env) {
   let drawTimer = null;
   let signal = null;
   let firstDraw = false;
+  let asked = 1000;
 
-  stream(`/experiments/${env.id}/metrics-stream/metric-names`, { params: { periodSeconds: 2 }, signal: env.signal(), onMessage: (m) => {
+  // A hidden browser tab keeps no stream open (a browser has 6 connections per server for all its tabs):
+  // both streams close, and open again (from the server's kept answer) when the tab is shown.
+  let namesController = null;
+  function onVisibility() {
+    if (document.visibilityState === "hidden") {
+      if (namesController) namesController.abort();
+      if (signal) signal.controller.abort();
+      signal = null;
+    } else if (!namesController || namesController.signal.aborted) openNames();
+  }
+  document.addEventListener("visibilitychange", onVisibility);
+  env.aborts.push({ abort: () => document.removeEventListener("visibilitychange", onVisibility) });
+  if (document.visibilityState !== "hidden") openNames();
+
+  function openNames() {
+  names = null;
+  namesController = new AbortController();
+  env.aborts.push(namesController);
+  stream(`/experiments/${env.id}/metrics-stream/metric-names`, { params: { periodSeconds: 2 }, signal: namesController.signal, onMessage: (m) => {
     const first = names === null;
     names = m;
     const current = JSON.stringify([view.group, view.metric]);
@@ -124,6 +146,7 @@ function curves(env) {
     picker.value = JSON.stringify([view.group, view.metric]);
     if (first || !signal) restart();
   } }).catch((e) => { if (e.name !== "AbortError") env.error(e.message); });
+  }
 
   function restart() {
     if (!view.metric) return;
@@ -136,8 +159,9 @@ function curves(env) {
     env.aborts.push(controller);
     signal = { controller };
     const width = chartBox.getBoundingClientRect().width || 1000;
+    asked = pointsPerTrial(width, (env.experiment() || {}).numTrials);
     stream(`/experiments/${env.id}/metrics-stream/trials-sample`, {
-      params: { metricName: view.metric, group: view.group, maxDatapoints: Math.max(100, Math.min(1000, Math.floor(width))), periodSeconds: 1 },
+      params: { metricName: view.metric, group: view.group, maxDatapoints: asked, periodSeconds: 1 },
       signal: controller.signal,
       onMessage: (m) => { for (const t of m.trials) byTrial.set(t.trialId, t); scheduleDraw(); },
     }).catch((e) => { if (e.name !== "AbortError") env.error(e.message); });
@@ -157,7 +181,7 @@ function curves(env) {
     const points = trials.reduce((n, t) => n + t.data.length, 0);
     note.textContent = `${trials.length} trial${trials.length === 1 ? "" : "s"} · ${points.toLocaleString("en-US")} points (downsampled on the server) · best ${Math.min(view.best, trials.length)} in colour: ${ranked.slice(0, Math.min(view.best, 5)).map((t) => `#${t.trialId}`).join(" ")}`;
     const log = view.log && trials.every((t) => t.data.every((p) => p.value > 0));
-    plot = learningCurves(chartBox, trials, { metric: view.metric, log, best, onClick: (trialId) => env.navigate(`/trials/${trialId}`) });
+    plot = learningCurves(chartBox, trials, { metric: view.metric, log, best, columns: asked, onClick: (trialId) => env.navigate(`/trials/${trialId}`) });
     chartBox.dataset.series = String(trials.length);
     // When the curves were first drawn and painted (the next frame), in ms since navigation start: the
     // benchmark's "interactive" marker (bench/webui_curves.py).
@@ -171,7 +195,8 @@ function curves(env) {
 function search(env) {
   const box = h("div", { id: "rungs" });
   replace(env.body, box);
-  env.every(async () => {
+  // Rungs change with the searcher's snapshot (the experiment's row) and with the trials' states.
+  env.live.on(["experiment", "trialStates"], async () => {
     const data = await api(`/webui/experiments/${env.id}/rungs`, { signal: env.signal() });
     if (!data.brackets.length) { replace(box, h("p", { class: "muted" }, `The ${data.searcherType || "search"} method has no rungs to show${data.searcherType && !/asha|halving/.test(data.searcherType) ? " (only ASHA searches do)" : " yet"}.`)); return; }
     const paused = data.brackets.flatMap((b) => b.rungs.flatMap((r) => r.trials.filter((t) => t.status === "paused"))).length;
@@ -188,7 +213,7 @@ function search(env) {
               h("td", { class: "num" }, num(t.metric)),
               h("td", {}, h("span", { class: `state ${t.status}` }, t.status === "paused" ? "paused · waiting for promotion" : t.status), t.resumed ? h("span", { class: "muted" }, " resumed") : ""))),
             r.trainingTrialIds.map((tid) => h("tr", {}, h("td", {}, link(`/trials/${tid}`, `#${tid}`)), h("td", { class: "num muted" }, "…"), h("td", {}, h("span", { class: "state running" }, "training to this rung")))))) : h("p", { class: "muted" }, "no results yet")))))));
-  }, 2000);
+  });
 }
 
 // ---------------------------------------------------------------- trials
@@ -204,7 +229,7 @@ export function trialColumns(hpKeys) {
     { key: "restarts", label: "Restarts", num: true, value: (t) => t.restarts },
     { key: "job", label: "Slurm job", value: (t) => t.currentRun && t.currentRun.slurmJobId, render: (t) => t.currentRun ? h("span", { class: t.runLive ? "" : "muted" }, t.currentRun.slurmJobId || "pending") : "–" },
     { key: "nodes", label: "Nodes", value: (t) => t.currentRun && t.currentRun.nodeList, render: (t) => (t.currentRun && t.currentRun.nodeList) || "–" },
-    { key: "duration", label: "Duration", value: (t) => new Date(t.endTime || Date.now()) - new Date(t.startTime), render: (t) => duration(t.startTime, t.endTime) },
+    { key: "duration", label: "Duration", value: (t) => new Date(t.endTime || Date.now()) - new Date(t.startTime), render: (t) => runningDuration(t.startTime, t.endTime) },
   ];
 }
 
@@ -225,7 +250,12 @@ function trials(env) {
     count.textContent = `${shown.length} of ${rows.length} trials`;
     replace(tableBox, sortableTable(trialColumns(hpKeys), shown, view, (v) => { Object.assign(view, v); draw(); }));
   }
-  env.every(async () => { rows = (await api(`/webui/experiments/${env.id}/trials`, { signal: env.signal() })).trials; draw(); }, 2000);
+  // Spaced out: while trials train, their steps change at every report, and a large experiment's table is
+  // the heaviest read of the page (at most a fifth of the time spent fetching it).
+  env.live.on(["trials", "runs", "validations"], async () => {
+    rows = (await api(`/webui/experiments/${env.id}/trials`, { signal: env.signal() })).trials;
+    draw();
+  }, { minIntervalMs: 500, spacing: 5 });
 }
 
 // ---------------------------------------------------------------- checkpoints
@@ -250,7 +280,7 @@ function checkpoints(env) {
   replace(env.body, box);
   let list = [];
   const draw = () => replace(box, list.length ? checkpointTable(list, view, (v) => { Object.assign(view, v); draw(); }) : h("p", { class: "muted" }, "No checkpoints yet."));
-  env.every(async () => { list = (await api(`/experiments/${env.id}/checkpoints`, { signal: env.signal() })).checkpoints; draw(); }, 3000);
+  env.live.on(["checkpoints"], async () => { list = (await api(`/experiments/${env.id}/checkpoints`, { signal: env.signal() })).checkpoints; draw(); });
 }
 
 // ---------------------------------------------------------------- config

@@ -1,9 +1,9 @@
 import { api } from "../api.js";
 import { actionButtons } from "../actions.js";
-import { duration, h, link, num, progressBar, replace, stateBadge, time } from "../dom.js";
+import { h, link, num, progressBar, replace, stateBadge, time } from "../dom.js";
+import { liveUpdates, pageLife, runningDuration } from "../page.js";
 
 const STATES = ["ACTIVE", "PAUSED", "COMPLETED", "CANCELED", "ERROR", "STOPPING_CANCELED", "STOPPING_KILLED", "STOPPING_COMPLETED"];
-const REFRESH_MS = 1500;
 
 const COLUMNS = [
   ["id", "ID", true], ["name", "Name", true], ["owner", "Owner", true], ["state", "State", true],
@@ -30,36 +30,31 @@ export function render(root) {
     h("div", { class: "toolbar" }, nameInput, ownerInput, stateSelect, h("label", {}, archived, "show archived")),
     error, table);
 
-  let timer = null;
-  let inflight = null;
+  const life = pageLife(error);
   async function load() {
-    clearTimeout(timer);
-    if (inflight) inflight.abort();
-    inflight = new AbortController();
     const q = new URLSearchParams();
     for (const [k, v] of [["name", view.name], ["owner", view.owner], ["state", view.state], ["archived", view.archived ? "true" : ""], ["sortBy", view.sortBy !== "id" ? view.sortBy : ""], ["order", view.desc ? "" : "asc"]]) if (v) q.set(k, v);
     history.replaceState(null, "", `/experiments${q.toString() ? `?${q}` : ""}`);
-    try {
-      const data = await api("/webui/experiments", { signal: inflight.signal, params: {
-        name: view.name, users: view.owner || undefined, states: view.state || undefined,
-        archived: view.archived ? undefined : "false", sortBy: view.sortBy, orderBy: view.desc ? "ORDER_BY_DESC" : "ORDER_BY_ASC", limit: 200,
-      } });
-      error.textContent = "";
-      status.textContent = `${data.pagination.total} experiment${data.pagination.total === 1 ? "" : "s"}`;
-      replace(table, draw(data.experiments));
-    } catch (e) {
-      if (e.name === "AbortError") return;
-      error.textContent = e.message;
-    }
-    timer = setTimeout(load, REFRESH_MS);
+    const data = await api("/webui/experiments", { signal: life.signal(), params: {
+      name: view.name, users: view.owner || undefined, states: view.state || undefined,
+      archived: view.archived ? undefined : "false", sortBy: view.sortBy, orderBy: view.desc ? "ORDER_BY_DESC" : "ORDER_BY_ASC", limit: 200,
+    } });
+    error.textContent = "";
+    status.textContent = `${data.pagination.total} experiment${data.pagination.total === 1 ? "" : "s"}`;
+    replace(table, draw(data.experiments));
   }
+  // The list's change stream: fetched again when an experiment or the trials changed (spaced out: progress
+  // moves while experiments run), or at once when the filters or the sort change.
+  const live = liveUpdates(life, "/webui/changes");
+  const list = live.on(["experiments", "trials"], load, { minIntervalMs: 500, spacing: 5 });
+  const now = () => live.refresh(list);
   let debounce = null;
-  function reload() { clearTimeout(debounce); debounce = setTimeout(load, 200); }
+  function reload() { clearTimeout(debounce); debounce = setTimeout(now, 200); }
 
   function draw(rows) {
     const head = h("tr", {}, COLUMNS.map(([key, label, sortable]) => h("th", {
       class: `${sortable ? "sortable" : ""} ${key === view.sortBy ? "sorted" : ""} ${view.desc ? "" : "asc"} ${["id", "progress", "best", "trials"].includes(key) ? "num" : ""}`,
-      onclick: sortable ? () => { view.desc = key === view.sortBy ? !view.desc : key !== "name" && key !== "owner"; view.sortBy = key; load(); } : undefined,
+      onclick: sortable ? () => { view.desc = key === view.sortBy ? !view.desc : key !== "name" && key !== "owner"; view.sortBy = key; now(); } : undefined,
     }, label)));
     const body = rows.map((e) => h("tr", { "data-experiment": e.id },
       h("td", { class: "num" }, link(`/experiments/${e.id}`, e.id)),
@@ -70,13 +65,13 @@ export function render(root) {
       h("td", { class: "num", title: e.searcherMetric }, num(e.bestSearcherMetric)),
       h("td", { class: "num" }, e.numTrials),
       h("td", {}, time(e.startTime)),
-      h("td", {}, duration(e.startTime, e.endTime)),
+      h("td", {}, runningDuration(e.startTime, e.endTime)),
       h("td", {}, e.resourcePool),
-      h("td", {}, actionButtons(e, e.canModify, load, (err) => { error.textContent = err.message; }))));
+      h("td", {}, actionButtons(e, e.canModify, now, (err) => { error.textContent = err.message; }))));
     if (!rows.length) return h("p", { class: "muted" }, "No experiments match. Create one with det experiment create CONFIG DIR.");
     return h("div", { class: "table-wrap" }, h("table", { id: "experiments" }, h("thead", {}, head), h("tbody", {}, body)));
   }
 
-  load();
-  return () => { clearTimeout(timer); clearTimeout(debounce); if (inflight) inflight.abort(); };
+  life.clock(root);
+  return () => { clearTimeout(debounce); life.close(); };
 }

@@ -1,6 +1,7 @@
 import { api, ApiError, stream } from "../api.js";
 import { lineChart } from "../charts.js";
-import { duration, flatten, h, link, num, replace, sortableTable, stateBadge, time } from "../dom.js";
+import { flatten, h, link, num, replace, sortableTable, stateBadge, time } from "../dom.js";
+import { liveUpdates, pageLife, runningDuration } from "../page.js";
 import { checkpointTable, notFound } from "./experiment.js";
 
 const TABS = [["metrics", "Metrics"], ["logs", "Logs"], ["runs", "Runs"], ["checkpoints", "Checkpoints"]];
@@ -10,27 +11,27 @@ export function render(root, { id, tab }, ctx) {
   if (!/^[1-9][0-9]{0,9}$/.test(id)) { notFound(root, "trial", id); return null; }
   tab = tab || "metrics";
   if (!TABS.some(([t]) => t === tab)) { notFound(root, "tab", tab); return null; }
-  const timers = [];
-  const page = new AbortController();
-  const aborts = [page];
   const headerBox = h("div");
   const error = h("p", { class: "error" });
   const body = h("div", { id: "tab-body" });
+  const life = pageLife(error);
+  const onTrial = []; // tabs drawn from the trial itself (its runs), again whenever the header reloads
   let trial = null;
+  let started = false;
 
   async function loadHeader() {
     try {
-      trial = (await api(`/trials/${id}`)).trial;
-      drawHeader();
-      error.textContent = "";
-      return true;
+      const data = await api(`/trials/${id}`, { signal: life.signal() });
+      if (life.closed()) return;
+      trial = data.trial;
     } catch (e) {
-      if (e instanceof ApiError && e.status === 404 && !trial) { replace(root); notFound(root, "trial", id); return false; }
-      error.textContent = e.message;
-      return !!trial;
-    } finally {
-      if (trial) timers.push(setTimeout(loadHeader, 1500));
+      if (e instanceof ApiError && e.status === 404 && !trial) { life.close(); replace(root); notFound(root, "trial", id); return; }
+      throw e;
     }
+    drawHeader();
+    error.textContent = "";
+    if (!started) { started = true; ({ metrics, logs, runs, checkpoints })[tab](env); }
+    onTrial.forEach((fn) => fn());
   }
   function drawHeader() {
     const t = trial;
@@ -39,24 +40,27 @@ export function render(root, { id, tab }, ctx) {
       h("div", { class: "header" }, h("h1", {}, `Trial ${t.id}`), h("span", { id: "trial-state" }, stateBadge(t.state)),
         h("span", { class: "muted" }, "of ", link(`/experiments/${t.experimentId}`, `experiment ${t.experimentId}`))),
       h("div", { class: "facts" },
-        h("div", {}, h("span", {}, "Steps"), h("span", {}, num(t.stepsCompleted))),
+        h("div", {}, h("span", {}, "Steps"), h("span", { id: "trial-steps" }, num(t.stepsCompleted))),
         h("div", {}, h("span", {}, "Best validation"), h("span", {}, num(t.bestValidationMetric))),
         h("div", {}, h("span", {}, "Restarts"), h("span", {}, t.restarts)),
         h("div", {}, h("span", {}, "Runs"), h("span", {}, (t.runs || []).length)),
         h("div", {}, h("span", {}, "Started"), h("span", {}, time(t.startTime))),
-        h("div", {}, h("span", {}, "Duration"), h("span", {}, duration(t.startTime, t.endTime))),
+        h("div", {}, h("span", {}, "Duration"), runningDuration(t.startTime, t.endTime)),
         Object.entries(hp).map(([k, v]) => h("div", {}, h("span", {}, k), h("span", { class: "mono" }, typeof v === "number" ? num(v) : String(v))))),
       t.exitMessage ? h("p", { class: "muted" }, t.exitMessage) : "");
   }
   const tabs = h("nav", { class: "tabs" }, TABS.map(([t, label]) => h("a", { href: `/trials/${id}/${t}`, "data-nav": "", class: t === tab ? "active" : "", "data-tab": t }, label)));
   root.append(headerBox, error, tabs, body);
+  // The trial's change stream: the header (with the runs) and the open tab fetch again when theirs changed.
+  const live = liveUpdates(life, `/webui/trials/${id}/changes`);
   const env = {
-    id, body, timers, trial: () => trial, navigate: ctx.navigate, error: (m) => { error.textContent = m; },
-    signal() { return page.signal; },
-    every(fn, ms) { const loop = async () => { try { await fn(); } catch (e) { if (e.name !== "AbortError") error.textContent = e.message; } timers.push(setTimeout(loop, ms)); }; loop(); },
+    id, body, live, trial: () => trial, navigate: ctx.navigate,
+    signal: life.signal, error: life.error, fail: life.fail,
+    onTrial: (fn) => onTrial.push(fn),
   };
-  loadHeader().then((ok) => { if (ok) ({ metrics, logs, runs, checkpoints })[tab](env); });
-  return () => { timers.forEach(clearTimeout); aborts.forEach((c) => c.abort()); };
+  live.on(["trial", "runs"], loadHeader, { eager: true });
+  life.clock(root);
+  return () => life.close();
 }
 
 function metrics(env) {
@@ -64,7 +68,9 @@ function metrics(env) {
   replace(env.body, grid);
   let last = "";
   const plots = [];
-  env.every(async () => {
+  // A new report raises the trial's steps (its row) or adds a metric row: either way, fetch again (spaced
+  // out while it trains).
+  env.live.on(["trial", "metrics"], async () => {
     const data = await api("/trials/time-series", { params: { trialIds: env.id, maxDatapoints: 1000 }, signal: env.signal() });
     const groups = data.trials[0].metrics;
     const key = JSON.stringify(groups.map((g) => [g.group, g.data.length, g.data.length && g.data[g.data.length - 1].batches]));
@@ -81,7 +87,7 @@ function metrics(env) {
     grid.replaceChildren();
     if (!byName.size) { grid.append(h("p", { class: "muted" }, "No metrics reported yet.")); return; }
     for (const [name, series] of [...byName].sort()) plots.push(lineChart(grid, name, [...series].map(([group, points]) => ({ label: group, points }))));
-  }, 2000);
+  }, { minIntervalMs: 500, spacing: 5 });
 }
 
 function runs(env) {
@@ -99,7 +105,8 @@ function runs(env) {
     { key: "how", label: "How it ended", value: (r) => r.exitReason, render: (r) => endedHow(r) },
     { key: "msg", label: "Message", wrap: true, value: (r) => r.exitMessage, render: (r) => r.exitMessage || "" },
   ], env.trial().runs || [], view, (v) => { Object.assign(view, v); draw(); }));
-  env.every(async () => draw(), 2000);
+  draw();
+  env.onTrial(draw); // the runs come with the trial, which the header fetches again when they change
 }
 
 const ENDED = {
@@ -172,9 +179,9 @@ function checkpoints(env) {
   const view = { sort: "steps", asc: false };
   let list = [];
   const draw = () => replace(box, list.length ? checkpointTable(list, view, (v) => { Object.assign(view, v); draw(); }) : h("p", { class: "muted" }, "No checkpoints yet."));
-  env.every(async () => {
+  env.live.on(["checkpoints"], async () => {
     const t = env.trial();
     list = (await api(`/experiments/${t.experimentId}/checkpoints`, { signal: env.signal() })).checkpoints.filter((c) => String(c.training.trialId) === String(env.id));
     draw();
-  }, 3000);
+  });
 }
