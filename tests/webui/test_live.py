@@ -131,6 +131,42 @@ def test_experiment_page_is_pushed(ui_master: UiMaster, page_factory: Any) -> No
     ui.assert_clean()
 
 
+def test_hyperparameters_tab_is_pushed(ui_master: UiMaster, page_factory: Any) -> None:
+    """A trial's best validation changing redraws the plots within 2 s (here: one trial loses its)."""
+    exp, trials = ui_master.data["asha"], ui_master.data["asha_trials"]
+    ui = page_factory()
+    p = ui.page
+    ui.login("alice", "alice-pw")
+    p.goto(f"/experiments/{exp}/hyperparameters")
+    p.wait_for_selector("#hp-note:has-text('trials')")
+    before = int((p.text_content("#hp-note") or "").split()[0])
+    with transaction(sessions_of(ui_master)) as s:
+        kept = s.get(TrialModel, trials[0]).best_validation  # type: ignore[union-attr]
+    shows_within(
+        p,
+        "#hp-note",
+        f"{before - 1} trials",
+        db(
+            ui_master,
+            lambda s: s.execute(
+                update(TrialModel).where(TrialModel.id == trials[0]).values(best_validation=None)
+            ),
+        ),
+    )
+    shows_within(
+        p,
+        "#hp-note",
+        f"{before} trials",
+        db(
+            ui_master,
+            lambda s: s.execute(
+                update(TrialModel).where(TrialModel.id == trials[0]).values(best_validation=kept)
+            ),
+        ),
+    )
+    ui.assert_clean()
+
+
 def test_trial_page_is_pushed(ui_master: UiMaster, page_factory: Any) -> None:
     """New metrics reach the trial's charts, a new run and a state change its runs tab and header, a new
     checkpoint its checkpoints tab, each within 2 s."""

@@ -13,7 +13,7 @@ export function hyperparameters(env) {
   const smaller = ((e.config || {}).searcher || {}).smaller_is_better !== false;
   const step = h("input", { type: "number", min: 0, placeholder: "each trial's best", style: { width: "130px" }, "aria-label": "step" });
   const apply = h("button", { class: "small", onclick: () => load() }, "Show");
-  const note = h("span", { class: "muted" });
+  const note = h("span", { class: "muted", id: "hp-note" });
   const pc = h("div", { class: "chart", id: "pcoords" });
   const grid = h("div", { class: "hp-grid", id: "hp-scatter" });
   replace(env.body, h("div", { class: "toolbar" }, h("label", {}, `${metric} at step`, step), apply, note), pc, h("h2", {}, `${metric} against each hyperparameter`), grid);
@@ -47,7 +47,9 @@ export function hyperparameters(env) {
       scatter(grid, k, xs, rows.map((r) => r.metric), [k, metric], { xlog: xs.every((x) => x > 0) && Math.max(...xs) / Math.min(...xs) > 100 });
     }
   }
-  load().catch((err) => { if (err.name !== "AbortError") env.error(err.message); });
+  // Live: drawn again when a validation or a trial changed (the experiment's change stream).
+  if (env.live) env.live.on(["validations", "trials"], load, { minIntervalMs: 1000, spacing: 5 });
+  else load().catch((err) => { if (err.name !== "AbortError") env.error(err.message); });
 }
 
 function parallel(box, rows, keys, metric, smaller, onClick) {
