@@ -4,8 +4,8 @@ Harnesses send a batch of metric rows every few steps; at 100 rows per batch, Fa
 resolution and response handling cost as much as storing the rows. This ASGI middleware takes the request
 only on its happy path: a bearer token the token cache already knows, a body that validates against
 ``MetricsBatchRequest``, a per-trial token for this trial (or a user token), and a group commit that
-succeeds. On SQLite, a plain training batch of the trial's own token (``plain_metrics``) skips pydantic
-and is stored by the metrics writer in driver SQL. Anything else (an unknown token, a bad body, a trial that is gone, a database error) is handed
+succeeds. A plain training batch of the trial's own token (``plain_metrics``) skips pydantic and is stored
+by the metrics writer in driver SQL (SQLite's, or one ``unnest`` INSERT per batch on PostgreSQL). Anything else (an unknown token, a bad body, a trial that is gone, a database error) is handed
 to the FastAPI route with the body replayed, which answers exactly as it always does (ingest is idempotent,
 so a batch the fast path tried and failed is safe to try again). The answer, ``{"accepted", "duplicates"}``
 after the commit, is the route's.
@@ -25,7 +25,7 @@ from hpc_master.api.plain_metrics import plain_training_rows
 from hpc_master.api.schemas import MetricItem, MetricsBatchRequest
 from hpc_master.auth import hash_token
 from hpc_master.services import harness, notify
-from hpc_master.services.metrics import MetricReport, ingest_metrics, sqlite_ingest_raw
+from hpc_master.services.metrics import MetricReport, ingest_metrics, pg_ingest_raw, sqlite_ingest_raw
 from hpc_master.services.users import Principal
 
 _PATH = re.compile(r"/api/v1/trials/([0-9]{1,18})/metrics/batch")
@@ -127,7 +127,8 @@ class MetricsFastPath:
                 own and state.writer.takes_raw and (rows_ := plain_training_rows(body, trial_id)) is not None
             ):
                 # Plain training metrics of the trial's own harness: encoded here, stored in driver SQL.
-                raw = partial(sqlite_ingest_raw, trial_id=trial_id, rows=rows_)
+                store = pg_ingest_raw if state.writer.raw_dialect == "postgresql" else sqlite_ingest_raw
+                raw = partial(store, trial_id=trial_id, rows=rows_)
                 result = await state.writer.run(_ingest_body(principal, trial_id, body), len(rows_), raw)
             else:
                 reports = reports_of(MetricsBatchRequest.model_validate_json(body).metrics)

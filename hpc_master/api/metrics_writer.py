@@ -77,8 +77,10 @@ class MetricsWriter:
         self._sessions = sessions
         bind = sessions.kw.get("bind")
         self._raw_engine: Engine | None = (
-            bind if isinstance(bind, Engine) and bind.dialect.name == "sqlite" else None
+            bind if isinstance(bind, Engine) and bind.dialect.name in ("sqlite", "postgresql") else None
         )
+        self.raw_dialect = self._raw_engine.dialect.name if self._raw_engine is not None else None
+        """Which driver SQL a batch's ``raw`` form must be (``sqlite_ingest_raw`` or ``pg_ingest_raw``)."""
         self._max_rows = max_rows
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -93,7 +95,7 @@ class MetricsWriter:
 
     @property
     def takes_raw(self) -> bool:
-        """Whether ``run(..., raw=...)`` can use the raw form (SQLite)."""
+        """Whether ``run(..., raw=...)`` can use the raw form (SQLite, PostgreSQL through psycopg)."""
         return self._raw_engine is not None
 
     @property
@@ -102,7 +104,7 @@ class MetricsWriter:
         worker failure in the last ``WORKER_RETRY_S``)."""
         return (
             self._worker_db is not None
-            and self._raw_engine is not None
+            and self.raw_dialect == "sqlite"
             and time.monotonic() >= self._worker_retry_at
         )
 
@@ -248,7 +250,9 @@ class MetricsWriter:
                 pooled.close()  # back to the pool
 
     def _commit_raw(self, engine: Engine, group: list[_Job]) -> list[Any] | None:
-        """The group on the pool's SQLite connection; None (rolled back) if anything failed."""
+        """The group on a pooled connection in driver SQL; None (rolled back) if anything failed."""
+        if self.raw_dialect == "postgresql":
+            return self._commit_raw_pg(engine, group)
         pooled = engine.raw_connection()
         try:
             dbapi = pooled.driver_connection
@@ -260,6 +264,23 @@ class MetricsWriter:
             except Exception:
                 if dbapi.in_transaction:
                     dbapi.execute("ROLLBACK")
+                return None
+            return results
+        finally:
+            pooled.close()  # back to the pool
+
+    def _commit_raw_pg(self, engine: Engine, group: list[_Job]) -> list[Any] | None:
+        """The group on a pooled psycopg connection, in one transaction; None (rolled back) if anything
+        failed (the ordinary path then answers each batch)."""
+        pooled = engine.raw_connection()
+        try:
+            dbapi = pooled.driver_connection
+            assert dbapi is not None
+            try:
+                results = [job.raw(dbapi) for job in group if job.raw is not None]
+                dbapi.commit()
+            except Exception:
+                dbapi.rollback()
                 return None
             return results
         finally:

@@ -161,6 +161,40 @@ def sqlite_ingest_raw(dbapi: Any, trial_id: int, rows: list[tuple[Any, ...]]) ->
     return accepted, len(rows) - accepted
 
 
+_PG_RUN = "SELECT run_id FROM trials WHERE id = %s"
+_PG_STEPS = "UPDATE trials SET steps_completed = %s WHERE id = %s AND steps_completed < %s"
+_PG_INSERT = (
+    'INSERT INTO metrics (trial_id, trial_run_id, "group", steps_completed, metrics, report_time) '
+    "SELECT t, r, g, s, m::json, w::timestamp AT TIME ZONE 'UTC' "
+    "FROM unnest(%b::integer[], %b::integer[], %b::text[], %b::bigint[], %b::text[], %b::text[]) "
+    "AS u(t, r, g, s, m, w) "
+    "ON CONFLICT ON CONSTRAINT uq_metrics_report DO NOTHING"
+)
+"""A whole batch in one statement of six array parameters: one plan (psycopg prepares it after a few uses),
+whatever the batch size. The arrays go in binary (``%b``): in text, psycopg escapes each element in Python
+with a regular expression, which cost more than all the rest of the ingest (9.7 vs 3.9 µs a row, parsing
+the body included). The metrics and times go as text, cast by the server; times are the rows' UTC wall
+times, as ``sqlite_rows`` writes them. (A multi-row VALUES statement is slower still: psycopg parses a
+statement over 4 KB again at each call.)"""
+
+
+def pg_ingest_raw(dbapi: Any, trial_id: int, rows: list[tuple[Any, ...]]) -> tuple[int, int]:
+    """``sqlite_ingest_raw`` for PostgreSQL on a psycopg connection inside the caller's transaction (the
+    metrics writer's raw group): the same run filter, insert and ``steps_completed`` update."""
+    found = dbapi.execute(_PG_RUN, (trial_id,)).fetchone()
+    if found is None:
+        raise LookupError(f"trial {trial_id} not found")  # the ordinary path gives the API's answer
+    current_run = found[0] or 0
+    fresh = [r for r in rows if r[1] >= current_run]
+    if not fresh:
+        return 0, len(rows)
+    columns = [list(c) for c in zip(*fresh, strict=True)]
+    accepted = int(dbapi.execute(_PG_INSERT, columns).rowcount)
+    max_steps = max(columns[3])
+    dbapi.execute(_PG_STEPS, (max_steps, trial_id, max_steps))
+    return accepted, len(rows) - accepted
+
+
 def _sqlite_insert_ignore(session: Session, trial_id: int, reports: list[MetricReport]) -> int:
     """Multi-row INSERTs in driver SQL; returns how many rows were new."""
     conn = session.connection()

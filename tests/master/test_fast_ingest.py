@@ -3,6 +3,7 @@ answers ``POST .../metrics/batch`` itself, with the route's answers, and hands e
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -86,6 +87,11 @@ def test_known_tokens_take_the_fast_path_with_the_routes_semantics(
 
     if state.writer.takes_body:  # a SQLite file: the ingest worker stored the plain training batches
         assert state.writer.worker_groups >= 3 and state.writer.raw_groups == 0
+    elif state.writer.raw_dialect == "postgresql":  # one unnest INSERT per batch, in psycopg's driver SQL
+        assert state.writer.raw_groups >= 3
+    with transaction(sessions) as s:  # the harness's report times, to the microsecond, in UTC
+        times = set(s.scalars(select(MetricModel.report_time).where(MetricModel.trial_id == trial_id)))
+        assert times == {dt.datetime(2026, 11, 23, 2, 50, 0, 123456, tzinfo=dt.UTC)}
 
     # Validations on the fast path still reach the searcher.
     r = client.post(url, headers=bearer(token), json=_batch(2, range(100, 101), group="validation"))
