@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from hpc_master import paths
@@ -29,26 +28,38 @@ class StrictModel(BaseModel):
 
 class DbConfig(StrictModel):
     url: str | None = None
-    """SQLAlchemy URL; ``sqlite:///path`` or ``postgresql+psycopg://user@host:port/db``. Default: SQLite in the
-    user's data directory."""
+    """SQLAlchemy URL; ``sqlite:///path`` or ``postgresql+psycopg://user:password@host:port/db`` (a shared
+    master: PostgreSQL). Default: SQLite, ``master.db`` in ``$DET_MASTER_DATA_DIR`` (default
+    ``~/.local/share/hpc-det``) of the master's account. ``det master config`` masks the password."""
 
 
 class ListenConfig(StrictModel):
     host: str = "127.0.0.1"
+    """The address to listen on: ``0.0.0.0`` for every interface. Any address but loopback makes passwords
+    required (``security.require_passwords``)."""
     port: int = Field(default=8080, ge=0, le=65535)
+    """The TCP port (``det-master --port`` overrides it)."""
 
 
 class TlsConfig(StrictModel):
     cert: Path | None = None
+    """PEM certificate (chain) to serve HTTPS with; unset: plain HTTP. Jobs verify it with their node's system
+    CAs, so it must chain to a CA every compute node trusts."""
     key: Path | None = None
+    """PEM private key of ``cert`` (readable by the master's account only); unset: ``cert`` holds it too."""
 
 
 class ContainerConfig(StrictModel):
     runtime: Literal["apptainer", "singularity", "none"] = "apptainer"
+    """The container runtime trials with an image run under; ``none``: images are refused."""
     command: str | None = None
     """The runtime's executable when it is not `apptainer`/`singularity` on PATH (e.g. a site module path)."""
     image: str | None = None
+    """The default image of trials whose config names none (``docker://…``, a ``.sif`` or a sandbox directory);
+    unset: such trials run on the node's own software."""
     image_cache_dir: Path | None = None
+    """Where ``docker://`` images are pulled to, once, as SIF files (on the shared filesystem, writable by every
+    user who runs trials). Default: ``images/`` under ``job_storage_root``."""
 
 
 _UNLIMITED = ("UNLIMITED", "INFINITE")
@@ -81,17 +92,28 @@ class ResourcePoolConfig(StrictModel):
     master config loads (a bad one stops the master at start, not every submission)."""
 
     partition: str | None = None
+    """The Slurm partition (``--partition``); unset: the cluster's default partition."""
     account: str | None = None
+    """The Slurm account (``--account``) every job of the pool is charged to; unset: each user's default."""
     qos: str | None = None
+    """The Slurm QOS (``--qos``); unset: the association's default."""
     slots_per_node: int = Field(default=1, ge=0)
+    """GPUs per node: a trial's ``slots_per_trial`` up to this many runs on one node, more on whole nodes of
+    this many (a multiple of it); 0: a CPU-only pool."""
     gpu_type: str | None = None
+    """The GRES type (``a100`` in ``--gres=gpu:a100:4``); unset: any GPU."""
     gpu_request_style: Literal["gres", "gpus_per_node", "none"] = "gres"
+    """How GPUs are asked for: ``gres`` (``--gres=gpu[:type]:N``), ``gpus_per_node`` (``--gpus-per-node``) or
+    ``none`` (a CPU-only pool: trials with ``slots_per_trial: 0`` only)."""
     default_time_limit: str | None = None
     """A Slurm time (``90``, ``1:30:00``, ``2-00:00:00``; an integer is minutes) or ``UNLIMITED``."""
     max_time_limit: str | None = None
+    """The longest ``slurm.time_limit`` a trial may ask for (a Slurm time, as ``default_time_limit``); a
+    longer trial runs as a chain of jobs, each checkpointing before its limit."""
     mem_per_node: str | None = None
     """Memory per node, with a unit (``64G``, ``512M``): the job's ``--mem``."""
     container: ContainerConfig | None = None
+    """The pool's own container settings: each key it sets overrides the top-level ``container``'s."""
 
     @field_validator("partition", "account", "qos")
     @classmethod
@@ -154,16 +176,28 @@ class ResourcePoolConfig(StrictModel):
 
 class CheckpointStorageConfig(StrictModel):
     type: Literal["shared_fs"] = "shared_fs"
+    """Checkpoints are directories on a filesystem every node and the master mount."""
     host_path: Path | None = None
+    """The checkpoint root; jobs write into it as their owner, so it must be writable by every user (mode
+    1777, or a group they share). Default: ``~/hpc-det/checkpoints`` of the master's account."""
     storage_path: str | None = None
+    """A subdirectory of ``host_path`` that checkpoints go into (relative, inside ``host_path``)."""
     save_experiment_best: int = Field(default=0, ge=0)
+    """Checkpoint GC keeps the N best checkpoints of each experiment (``docs/checkpoints.md``; an experiment's
+    ``checkpoint_storage`` may say otherwise)."""
     save_trial_best: int = Field(default=1, ge=0)
+    """Checkpoint GC keeps the N best checkpoints of each trial."""
     save_trial_latest: int = Field(default=1, ge=0)
+    """Checkpoint GC keeps the N latest checkpoints of each trial (a trial resumes from its latest)."""
 
 
 class PreemptionConfig(StrictModel):
     signal: str = "SIGUSR1"
+    """The signal Slurm sends the batch shell before a job's time limit (``--signal=B:USR1@lead``); trials take
+    it as "checkpoint and exit", then run on as a new job."""
     lead_time_s: int = Field(default=300, ge=0)
+    """How many seconds before the time limit the signal comes (at most half the job's limit, at most 65535;
+    Slurm may send it up to 60 s earlier): enough for a checkpoint to be written."""
 
     @field_validator("signal")
     @classmethod
@@ -180,26 +214,47 @@ class PreemptionConfig(StrictModel):
 
 class SecurityConfig(StrictModel):
     require_passwords: bool = False
+    """Passwords for every login even on loopback (always so when ``listen.host`` is not loopback)."""
     token_ttl_hours: float = Field(default=24 * 7, gt=0)
+    """How long a login (CLI token, web UI session) lasts."""
     admin_password: str | None = Field(default=None, repr=False)
+    """The ``admin`` user's password at the first start of a master that requires passwords (then it is
+    stored hashed, and changed with ``det user change-password``). Prefer the environment variable to a file."""
 
 
 class MasterConfig(StrictModel):
     db: DbConfig = DbConfig()
+    """The database."""
     listen: ListenConfig = ListenConfig()
+    """Where the REST API and the web UI listen."""
     tls: TlsConfig = TlsConfig()
+    """HTTPS."""
     external_url: str | None = None
+    """The address jobs on the compute nodes and researchers' ``det`` use to reach the master
+    (``https://det.example.org:8443``). Default: built from ``listen`` and ``tls``, which is wrong for
+    ``0.0.0.0``: a shared master sets it."""
     job_storage_root: Path | None = None
+    """Per-trial run directories (``exp-E/trial-T/run-R``: the job script, its logs, the unpacked context) on
+    the shared filesystem. Each is created as its owner's account, so the root needs only be traversable by
+    users (0755 or 0711). Default: ``~/hpc-det/jobs`` of the master's account."""
     checkpoint_storage: CheckpointStorageConfig = CheckpointStorageConfig()
+    """The default checkpoint storage of experiments (Determined's ``shared_fs``) and its GC policy."""
     resource_pools: dict[str, ResourcePoolConfig] = Field(
         default_factory=lambda: {"default": ResourcePoolConfig()}
     )
+    """Pools by name (``resources.resource_pool`` in an experiment config), each mapped to Slurm options."""
     default_resource_pool: str = Field(default="default", validate_default=True)
+    """The pool of experiments that name none; one of ``resource_pools``."""
     preemption: PreemptionConfig = PreemptionConfig()
+    """The warning signal before a job's time limit."""
     container: ContainerConfig = ContainerConfig()
+    """Apptainer/Singularity for every pool (a pool's ``container`` overrides it key by key)."""
     poll_interval_s: float = Field(default=5.0, gt=0)
+    """How often the master asks Slurm (one ``squeue`` for all jobs) how its jobs are doing."""
     security: SecurityConfig = SecurityConfig()
+    """Logins and passwords (``docs/security.md``)."""
     cluster_name: str = "hpc-det"
+    """The name the web UI and ``GET /api/v1/master`` show."""
 
     @field_validator("default_resource_pool")
     @classmethod
@@ -395,10 +450,15 @@ def load_master_config(path: str | Path | None = None, env: Mapping[str, str] | 
             text = Path(path).read_text()
         except OSError as err:
             raise ConfigError(f"cannot read master config {path}: {err.strerror}") from None
-        try:
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path} is not valid YAML: {err}") from None
+        from hpc_master.expconf import (
+            ExperimentConfigError,
+            load_yaml,
+        )  # here: `det` imports this module for less
+
+        try:  # the strict loader of every config: duplicate keys refused, `1:30:00` stays a Slurm time
+            data = load_yaml(text) or {}
+        except ExperimentConfigError as err:
+            raise ConfigError(f"{path}: {err}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path} must hold a mapping at the top level")
     return parse_master_config(data, env)

@@ -31,6 +31,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--stop", action="store_true", help="stop the background master started with --daemon"
     )
     parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--check-config", type=Path, metavar="MASTER_YAML",
+        help="validate a master.yaml (with this environment's DET_* overrides) and exit, touching nothing: "
+        "0 and 'ok', or 2 and the field",
+    )  # fmt: skip
+    parser.add_argument(
+        "--print-systemd-unit", action="store_true",
+        help="print det-master.service for this installation (docs/admin.md) and exit",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -58,7 +67,7 @@ def read_pid() -> int | None:
     return pid
 
 
-def stop_daemon(timeout_s: float = 15.0) -> int:
+def stop_daemon(timeout_s: float = 90.0) -> int:
     pid = read_pid()
     if pid is None:
         print("no background master is running", file=sys.stderr)
@@ -80,6 +89,10 @@ def stop_daemon(timeout_s: float = 15.0) -> int:
     return 0
 
 
+DAEMON_READY_TIMEOUT_S = 300.0
+"""How long ``--daemon`` waits for the master to serve before it returns."""
+
+
 def start_daemon(argv: list[str]) -> int:
     existing = read_pid()
     if existing is not None:
@@ -89,6 +102,9 @@ def start_daemon(argv: list[str]) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     child_argv = [a for a in argv if a != "--daemon"]
     log_file = paths.get_log_file()
+    from hpc_master.systemd import ReadyListener
+
+    ready = ReadyListener()  # the child says READY=1 once it serves, as to systemd (Type=notify)
     with open(log_file, "ab") as out, open(os.devnull, "rb") as devnull:
         proc = subprocess.Popen(
             [sys.executable, "-m", "hpc_master.server", *child_argv],
@@ -96,18 +112,34 @@ def start_daemon(argv: list[str]) -> int:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, "NOTIFY_SOCKET": ready.address},
         )
     paths.get_pid_file().write_text(f"{proc.pid}\n")
-    time.sleep(0.5)
+    try:
+        is_ready = ready.wait(lambda: proc.poll() is None, DAEMON_READY_TIMEOUT_S)
+    finally:
+        ready.close()
     if proc.poll() is not None:
-        print(f"the master exited at once; see {log_file}", file=sys.stderr)
+        print(f"the master exited (status {proc.returncode}); see {log_file}", file=sys.stderr)
         paths.get_pid_file().unlink(missing_ok=True)
         return 1
+    if not is_ready:
+        print(
+            f"the master (pid {proc.pid}) is still starting after {DAEMON_READY_TIMEOUT_S:.0f} s (migrating a "
+            f"large database?); see {log_file}",
+            file=sys.stderr,
+        )
+        return 0
     print(f"master running in the background (pid {proc.pid}); log: {log_file}")
     return 0
 
 
 KEEP_ALIVE_S = 75
+GRACEFUL_SHUTDOWN_S = 5
+"""How long a stop waits for requests in flight. Long polls and streams (log follows, the web UI's change
+streams) do not end by themselves: they are cut then, and their clients reconnect once the master is back."""
+LOOP_STOP_S = 60
+"""How long a stop waits for the lifecycle loop to finish its tick (Slurm commands time out after 30 s)."""
 
 
 def raise_open_files_limit() -> int:
@@ -123,32 +155,59 @@ def raise_open_files_limit() -> int:
 
 
 def serve(config: MasterConfig, log_level: str = "info") -> None:
+    """Run until SIGTERM or SIGINT, then stop in order, leaving nothing half-written: uvicorn stops listening,
+    drains requests (at most ``GRACEFUL_SHUTDOWN_S``) and runs the app's shutdown (the metrics writer stores
+    what it queued and stops its ingest worker; SQLite's WAL checkpointer stops); then the lifecycle loop
+    finishes its tick (and the checkpoint GC its claim), the curve keeper saves the learning curves, and the
+    database connections close. Under systemd (``Type=notify``) it reports when it is ready and stopping."""
     import uvicorn
 
     from hpc_master.api.app import create_app
     from hpc_master.services.curve_keeper import CurveKeeper
+    from hpc_master.systemd import ExitSignals, NotifyingServer, sd_notify
 
+    signals = ExitSignals()
+    signals.install()  # from here on a SIGTERM stops the master in order; a migration under way completes
+    sd_notify("STATUS=starting: migrating the database")
     app = create_app(config)
-    app.state.det.writer.start(worker=True)  # on SQLite, its ingest worker is ready for the first batch
-    raise_open_files_limit()
-    loop = make_lifecycle_loop(app.state.det)
-    loop.start()
-    keeper = CurveKeeper(app.state.curves, app.state.det.tx)  # the web UI's curves, ready before asked
-    keeper.start()
-    uvicorn.run(
-        app,
-        host=config.listen.host,
-        port=config.listen.port,
-        log_level=log_level,
-        ssl_certfile=str(config.tls.cert) if config.tls.cert else None,
-        ssl_keyfile=str(config.tls.key) if config.tls.key else None,
-        access_log=False,
-        # Each trial keeps up to three connections alive (its main thread, metrics, preemption watch) and
-        # often calls less than every 5 s (uvicorn's default): reconnecting would cost every such call.
-        timeout_keep_alive=KEEP_ALIVE_S,
+    state = app.state.det
+    server = NotifyingServer(
+        uvicorn.Config(
+            app,
+            host=config.listen.host,
+            port=config.listen.port,
+            log_level=log_level,
+            log_config=None,  # uvicorn's lines go through the master's handler and format (journald's too)
+            ssl_certfile=str(config.tls.cert) if config.tls.cert else None,
+            ssl_keyfile=str(config.tls.key) if config.tls.key else None,
+            access_log=False,
+            # Each trial keeps up to three connections alive (its main thread, metrics, preemption watch) and
+            # often calls less than every 5 s (uvicorn's default): reconnecting would cost every such call.
+            timeout_keep_alive=KEEP_ALIVE_S,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
     )
-    loop.stop()
-    keeper.stop()
+    signals.server = server
+    state.writer.start(worker=True)  # on SQLite, its ingest worker is ready for the first batch
+    raise_open_files_limit()
+    loop = make_lifecycle_loop(state)
+    loop.start()
+    keeper = CurveKeeper(app.state.curves, state.tx)  # the web UI's curves, ready before asked
+    keeper.start()
+    try:
+        if not signals.received:
+            server.run()  # returns once stopped and drained, the app's shutdown run
+    finally:
+        state.close()  # the app's shutdown if uvicorn did not run it (a signal first, or a second one); idempotent
+        loop.stop(timeout_s=LOOP_STOP_S)
+        if loop.running():
+            log.warning(
+                "the lifecycle loop did not finish its tick in %d s; the next start reconciles", LOOP_STOP_S
+            )
+        keeper.stop()
+        state.engine.dispose()
+        sd_notify("STATUS=stopped")
+        log.info("stopped")
 
 
 def make_lifecycle_loop(state: Any) -> Any:
@@ -176,14 +235,40 @@ def make_lifecycle_loop(state: Any) -> Any:
     return LifecycleLoop(state.sessions, jobs, interval_s=interval_s, collector=collector)
 
 
+def report_error(err: DetError, config_path: Path | None) -> None:
+    """``det-master: [master.yaml: ]field: message`` on stderr (an error's priority for journald)."""
+    from hpc_master.systemd import error_line
+
+    where = f"{config_path}: " if config_path is not None and getattr(err, "field", None) else ""
+    print(error_line(f"det-master: {where}{err}"), file=sys.stderr)
+
+
+def check_config(args: argparse.Namespace) -> int:
+    """``--check-config``: the file as the master would load it; no database, no socket, no Slurm."""
+    try:
+        resolve_config(argparse.Namespace(**{**vars(args), "config": args.check_config}))
+    except DetError as err:
+        report_error(err, args.check_config)
+        return 2
+    print("ok")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    from hpc_master.systemd import configure_logging
+
+    configure_logging(args.log_level)
     if args.stop:
         return stop_daemon()
+    if args.check_config is not None:
+        return check_config(args)
+    if args.print_systemd_unit:
+        from hpc_master.deploy import systemd_unit
+
+        sys.stdout.write(systemd_unit(args.config.resolve() if args.config else None))
+        return 0
     try:
         config = resolve_config(args)
         if args.daemon:
@@ -192,12 +277,12 @@ def main(argv: list[str] | None = None) -> int:
             log.info("listening beyond loopback (%s): passwords are required", config.listen.host)
         serve(config, args.log_level)
     except ClientError as err:
-        print(f"det-master: {err}", file=sys.stderr)
+        report_error(err, args.config)
         if os.environ.get("DET_DEBUG"):
             raise
         return 2
     except DetError as err:
-        print(f"det-master: {err}", file=sys.stderr)
+        report_error(err, args.config)
         return 1
     return 0
 

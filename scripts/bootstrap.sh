@@ -52,5 +52,8 @@ fi
 # start. Measured: importing the job entry took 8-10 ms instead of 13-18 ms and 11.3 MB instead of 12.6 MB; in
 # a rank that also imports torch the difference is lost in the noise (222.4-222.6 MB either way).
 "$VENV/bin/python" -m compileall -q harness launchers containers slurm_backend >/dev/null
+# Determined's official client (determined==0.38.1) in a virtual environment of its own, for the tests that run
+# it against our master (tests/determined_client/); never on the jobs' path. Fast when already installed.
+scripts/determined_client.sh >/dev/null
 scripts/install_apptainer.sh  # Apptainer in a private prefix (Debian 12 has none); fast when already installed
 echo "bootstrap: ready ($("$VENV/bin/python" --version), $VENV)"

@@ -21,13 +21,17 @@ from hpc_master import owner_key
 from hpc_master.api import (
     routes_auth,
     routes_checkpoints,
+    routes_compat,
     routes_experiments,
     routes_harness,
+    routes_master,
+    routes_models,
     routes_trials,
     routes_ui,
 )
 from hpc_master.api.deps import AppState, get_principal
 from hpc_master.api.fast_ingest import MetricsFastPath
+from hpc_master.api.untyped_json import UntypedBodyAsJson
 from hpc_master.db.engine import make_engine, make_sessionmaker, transaction
 from hpc_master.db.migrate import upgrade_to_head
 from hpc_master.errors import ClientError, PayloadTooLargeError
@@ -247,11 +251,16 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
         routes_auth,
         routes_experiments,
         routes_checkpoints,
+        routes_models,
         routes_trials,
+        routes_compat,  # Determined's client's own routes (docs/determined-client.md)
     ):
         app.include_router(module.router)
     app.include_router(routes_checkpoints.legacy)  # before the UI's pages under /experiments/
+    app.include_router(routes_master.router)  # admins: GET /api/v1/master/config
     routes_ui.install(app)  # the web UI's pages at /, its assets at /webui/
+    routes_compat.install(app)  # after the UI's: a missing /api/ route's 404 says so, for Determined's client
     app.add_middleware(MetricsFastPath)
+    app.add_middleware(UntypedBodyAsJson)  # Determined's client sends JSON without a Content-Type
     app.add_middleware(BodyLimit)  # outermost: refuses oversize bodies before anything reads them
     return app

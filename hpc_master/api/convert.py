@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from hpc_master.db.models import (
-    CheckpointModel,
     ExperimentModel,
     MetricModel,
+    ModelVersionModel,
+    RegistryModel,
     TrialModel,
     TrialRunModel,
     UserModel,
 )
+from hpc_master.services import checkpoints as ckpts
 from hpc_master.services import redact
 from hpc_master.services.checkpoint_usage import StorageTotals
+from hpc_master.services.checkpoint_views import CheckpointView
+from hpc_master.services.users import Principal
 
 
 def iso(value: dt.datetime | None) -> str | None:
@@ -73,6 +79,7 @@ def experiment_to_api(
         "progress": experiment.progress,
         "forkedFrom": experiment.parent_id,
         "projectId": 1,
+        "projectOwnerId": 1,  # the one default project's (Determined's client requires the field)
         "workspaceId": 1,
         "parentArchived": False,
         "notes": "",
@@ -155,13 +162,49 @@ def metric_to_api(row: MetricModel) -> dict[str, Any]:
     }
 
 
-def checkpoint_to_api(
-    ckpt: CheckpointModel,
-    trial: TrialModel | None = None,
-    *,
-    validation: dict[str, Any] | None = None,
-    searcher_metric: float | None = None,
-) -> dict[str, Any]:
+def metrics_to_api(stored: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Determined's ``v1Metrics`` of a stored report: flat (``{"loss": 0.1}``) or Determined's own shape
+    (``{"avgMetrics": ..., "batchMetrics": ...}``), as reports come."""
+    if stored is None:
+        return None
+    avg = stored.get("avgMetrics")
+    if not isinstance(avg, dict):
+        return {"avgMetrics": stored}
+    out: dict[str, Any] = {"avgMetrics": avg}
+    if stored.get("batchMetrics") is not None:
+        out["batchMetrics"] = stored["batchMetrics"]
+    return out
+
+
+def checkpoints_to_api(
+    views: Iterable[CheckpointView], principal: Principal, default_root: Path
+) -> list[dict[str, Any]]:
+    """Determined's ``v1Checkpoint`` of each checkpoint, what every route that answers checkpoints gives.
+
+    ``training`` carries what Determined's client requires: ``experimentConfig`` (the experiment's config,
+    its ``checkpoint_storage`` the one its jobs used: `default_root`, ``MasterConfig.checkpoint_dir()``,
+    when the config names none; masked (``services.redact``) for anyone but the owner and admins, as ``GET
+    /experiments/{id}`` masks it), and ``validationMetrics`` (``{"avgMetrics": ...}``, the validation at the
+    checkpoint's steps) with ``searcherMetric``, its value of the searcher metric."""
+    configs: dict[int, dict[str, Any]] = {}
+    out = []
+    for view in views:
+        experiment = view.experiment
+        if experiment.id not in configs:
+            config = dict(experiment.config or {})
+            config["checkpoint_storage"] = ckpts.effective_storage(config, default_root)
+            reveal = principal.admin or experiment.owner_id == principal.user_id
+            configs[experiment.id] = config if reveal else redact.masked_config(config)
+        out.append(_checkpoint_json(view, configs[experiment.id]))
+    return out
+
+
+def checkpoint_to_api(view: CheckpointView, principal: Principal, default_root: Path) -> dict[str, Any]:
+    return checkpoints_to_api([view], principal, default_root)[0]
+
+
+def _checkpoint_json(view: CheckpointView, experiment_config: dict[str, Any]) -> dict[str, Any]:
+    ckpt, trial = view.checkpoint, view.trial
     out: dict[str, Any] = {
         "uuid": ckpt.uuid,
         "taskId": f"{ckpt.trial_id}",
@@ -180,12 +223,15 @@ def checkpoint_to_api(
             "attempts": ckpt.gc_attempts or 0,
             "retryAt": iso(ckpt.gc_retry_at),
         }
-    training: dict[str, Any] = {"trialId": ckpt.trial_id, "trialRunId": ckpt.trial_run_id}
-    if trial is not None:
-        training.update(experimentId=trial.experiment_id, hparams=trial.hparams)
-    training["validationMetrics"] = validation
-    training["searcherMetric"] = searcher_metric
-    out["training"] = training
+    out["training"] = {
+        "trialId": ckpt.trial_id,
+        "trialRunId": ckpt.trial_run_id,
+        "experimentId": trial.experiment_id,
+        "hparams": trial.hparams,
+        "experimentConfig": experiment_config,
+        "validationMetrics": metrics_to_api(view.validation),
+        "searcherMetric": view.searcher_metric,
+    }
     return out
 
 
@@ -196,4 +242,45 @@ def pagination(offset: int, limit: int, total: int, returned: int) -> dict[str, 
         "startIndex": offset,
         "endIndex": offset + returned,
         "total": total,
+    }
+
+
+def model_to_api(model: RegistryModel, username: str, num_versions: int) -> dict[str, Any]:
+    """Determined's ``v1Model``."""
+    return {
+        "id": model.id,
+        "name": model.name,
+        "description": model.description or "",
+        "metadata": model.metadata_ or {},
+        "creationTime": iso(model.creation_time),
+        "lastUpdatedTime": iso(model.last_updated_time),
+        "numVersions": num_versions,
+        "labels": list(model.labels or []),
+        "username": username,
+        "userId": model.user_id,
+        "archived": model.archived,
+        "notes": model.notes or "",
+        "workspaceId": model.workspace_id,
+    }
+
+
+def model_version_to_api(
+    version: ModelVersionModel, model: dict[str, Any], checkpoint: dict[str, Any], username: str
+) -> dict[str, Any]:
+    """Determined's ``v1ModelVersion``: `model` and `checkpoint` as ``model_to_api`` and
+    ``checkpoint_to_api`` give them."""
+    return {
+        "id": version.id,
+        "model": model,
+        "checkpoint": checkpoint,
+        "version": version.version,
+        "creationTime": iso(version.creation_time),
+        "lastUpdatedTime": iso(version.last_updated_time),
+        "name": version.name or "",
+        "comment": version.comment or "",
+        "notes": version.notes or "",
+        "metadata": version.metadata_ or {},
+        "labels": list(version.labels or []),
+        "username": username,
+        "userId": version.user_id,
     }

@@ -9,12 +9,12 @@ from fastapi import APIRouter, Request, Response
 
 from hpc_master import owner_key
 from hpc_master.api import convert, session_cookie
-from hpc_master.api.bounds import Id
+from hpc_master.api.bounds import Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal, request_token
 from hpc_master.api.schemas import LoginRequest, PatchUserRequest, PostUserRequest
 from hpc_master.auth import hash_token
 from hpc_master.db.models import UserModel
-from hpc_master.errors import UnauthenticatedError
+from hpc_master.errors import PermissionDeniedError, UnauthenticatedError
 from hpc_master.services import users
 from hpc_master.services.common import get_or_404
 
@@ -33,6 +33,11 @@ def master_info(state: State) -> dict[str, Any]:
         "clusterName": state.config.cluster_name,
         "telemetryEnabled": False,
         "externalUrl": state.config.master_url(),
+        # Fields Determined's client requires (``docs/determined-client.md``).
+        "hasCustomLogo": False,
+        "strictJobQueueControl": False,
+        "rbacEnabled": False,
+        "userManagementEnabled": True,
     }
 
 
@@ -43,7 +48,10 @@ def login(
     """Repeated failures are slowed per (user, address) and per address (``services.throttle``).
 
     ``cookie=true`` (the web UI): the token goes into an HttpOnly session cookie instead of the answer,
-    which carries the CSRF token to send with state-changing requests (``api.session_cookie``)."""
+    which carries the CSRF token to send with state-changing requests (``api.session_cookie``).
+
+    ``isHashed`` (Determined's own client): a refusal is 403, as from Determined's master, because that
+    client shows the message of a 403 and replaces a 401's with its own advice."""
     ttl = dt.timedelta(hours=state.config.security.token_ttl_hours)
     address = request.client.host if request.client else "unknown"
     state.throttle.check(body.username, address)
@@ -56,10 +64,13 @@ def login(
                 ttl=ttl,
                 require_passwords=state.config.passwords_required(),
                 is_owner=owner_key.matches(body.owner_key, state.owner_key_digest),
+                is_hashed=body.is_hashed,
             )
             answer = {"token": token, "user": convert.user_to_api(user)}
-    except UnauthenticatedError:
+    except UnauthenticatedError as exc:
         state.throttle.failed(body.username, address)
+        if body.is_hashed:
+            raise PermissionDeniedError(exc.message) from None
         raise
     state.throttle.succeeded(body.username, address)
     if cookie:
@@ -88,9 +99,15 @@ def me(principal: UserPrincipal, state: State) -> dict[str, Any]:
 
 
 @router.get("/users")
-def list_users(principal: UserPrincipal, state: State) -> dict[str, Any]:
+def list_users(
+    principal: UserPrincipal, state: State, active: bool | None = None, offset: Offset = 0, limit: Limit = 0
+) -> dict[str, Any]:
+    """All users (``active``: only those that are, or are not, active), a page of them with `offset` and
+    `limit` (0 or less: no limit), and Determined's ``pagination``."""
     with state.tx() as session:
-        return {"users": [convert.user_to_api(u) for u in users.list_users(session)]}
+        rows = [convert.user_to_api(u) for u in users.list_users(session) if active in (None, u.active)]
+    page = rows[offset:] if limit <= 0 else rows[offset : offset + limit]
+    return {"users": page, "pagination": convert.pagination(offset, limit, len(rows), len(page))}
 
 
 @router.post("/users")
@@ -101,12 +118,13 @@ def create_user(body: PostUserRequest, principal: UserPrincipal, state: State) -
             session,
             principal,
             username=body.user.username,
-            password=body.password,
+            password=body.password or "",
             admin=body.user.admin,
             active=body.user.active,
             unix_username=unix,
             display_name=body.user.display_name,
             require_passwords=state.config.passwords_required(),
+            is_hashed=body.is_hashed,
         )
         return {"user": convert.user_to_api(user)}
 
@@ -129,5 +147,6 @@ def patch_user(
             require_passwords=state.config.passwords_required(),
             cache=state.tokens,
             keep_token_hash=hash_token(request_token(request)),
+            is_hashed=body.is_hashed,
         )
         return {"user": convert.user_to_api(user)}

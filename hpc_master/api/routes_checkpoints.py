@@ -4,25 +4,30 @@
   ``saveTrialBest``, ``saveTrialLatest``; ``name``, ``description``): sets the GC policy, collected at once;
 - ``GET /api/v1/experiments/{id}/preview_gc?save_experiment_best=…`` (Determined serves it without the
   ``/api/v1`` prefix, as its CLI calls it; both are here): what a policy would delete, in Determined's shape;
-- ``DELETE /api/v1/checkpoints`` (``checkpointUuids``): delete checkpoints now, as their owner's account.
+- ``DELETE /api/v1/checkpoints`` (``checkpointUuids``): delete checkpoints now, as their owner's account;
+  never one registered in the model registry (409, as Determined refuses them);
+- ``GET /api/v1/experiments/{id}/checkpoints`` and ``GET /api/v1/trials/{id}/checkpoints`` (``sortByAttr``,
+  ``sortByMetric``, ``orderBy``, ``states``, ``offset``, ``limit``): Determined's checkpoint lists, each
+  checkpoint as ``GET /api/v1/checkpoints/{uuid}`` gives it (``convert.checkpoints_to_api``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from sqlalchemy import select
 
 from hpc_master.api import convert
-from hpc_master.api.bounds import Count32, Id
+from hpc_master.api.bounds import Count32, Id, Limit, Offset
 from hpc_master.api.deps import AnyPrincipal, State, UserPrincipal, check_checkpoint_access
 from hpc_master.api.schemas import DeleteCheckpointsRequest, PatchExperimentRequest
 from hpc_master.db.models import ExperimentModel, TrialModel, UserModel, utcnow
 from hpc_master.errors import ClientError, ConflictError
 from hpc_master.services import checkpoint_gc as gc
+from hpc_master.services import checkpoint_views as views
 from hpc_master.services import checkpoints as ckpts
-from hpc_master.services import notify
+from hpc_master.services import models_registry, notify
 from hpc_master.services.checkpoint_policy import GCPolicy
 from hpc_master.services.checkpoint_usage import StorageTotals, experiment_totals
 from hpc_master.services.common import get_or_404
@@ -105,7 +110,8 @@ def delete_checkpoints(
     body: DeleteCheckpointsRequest, principal: AnyPrincipal, state: State
 ) -> dict[str, Any]:
     """Delete checkpoints now (their owner or an admin; a trial's own harness its trial's). The latest
-    checkpoint of a trial that can still run is refused (it resumes from it), except to that trial itself.
+    checkpoint of a trial that can still run is refused (it resumes from it), except to that trial itself;
+    a checkpoint registered in the model registry is refused (409 naming the model and version).
     Answers ``{}``, or the failures (``failed``: uuid and error), which stay recorded and are retried."""
     uuids = list(dict.fromkeys(body.checkpoint_uuids))
     with state.tx() as session:
@@ -124,6 +130,7 @@ def delete_checkpoints(
                     "resume from it; delete it once the trial has ended",
                     field="checkpointUuids",
                 )
+        models_registry.refuse_registered(session, uuids, "a registered checkpoint is never deleted")
         targets = gc.claim(session, uuids, utcnow(), state.config.checkpoint_dir())
     results = gc.remove(state.checkpoint_remover, targets)
     with state.tx() as session:
@@ -131,3 +138,69 @@ def delete_checkpoints(
     if not outcome.failed:
         return {}
     return {"failed": [{"uuid": u, "error": e} for u, e in sorted(outcome.failed.items())]}
+
+
+SortByAttr = Annotated[str | None, Query(alias="sortByAttr", max_length=64)]
+SortBy = Annotated[str | None, Query(alias="sortBy", max_length=64)]
+SortByMetric = Annotated[str | None, Query(alias="sortByMetric", max_length=256)]
+OrderBy = Annotated[str | None, Query(alias="orderBy", max_length=64)]
+StatesParam = Annotated[list[Annotated[str, Query(max_length=64)]] | None, Query(max_length=16)]
+
+
+def _listing(
+    sort_by_attr: str | None,
+    sort_by: str | None,
+    sort_by_metric: str | None,
+    order_by: str | None,
+    states: list[str] | None,
+    offset: int,
+    limit: int,
+) -> views.CheckpointQuery:
+    return views.CheckpointQuery(
+        sort_by_attr=sort_by_attr or sort_by, sort_by_metric=sort_by_metric, order_by=order_by,
+        states=states or (), offset=offset, limit=limit,
+    )  # fmt: skip
+
+
+@router.get("/experiments/{experiment_id}/checkpoints")
+def experiment_checkpoints(
+    experiment_id: Id,
+    state: State,
+    principal: UserPrincipal,
+    sort_by_attr: SortByAttr = None,
+    sort_by: SortBy = None,
+    sort_by_metric: SortByMetric = None,
+    order_by: OrderBy = None,
+    states: StatesParam = None,
+    offset: Offset = 0,
+    limit: Limit = 0,
+) -> dict[str, Any]:
+    """Determined's ``GetExperimentCheckpoints`` (``sortBy``: the name older clients send for
+    ``sortByAttr``); with no sort, best first by the searcher metric. Orders: ``views.sort_views``."""
+    query = _listing(sort_by_attr, sort_by, sort_by_metric, order_by, states, offset, limit)
+    with state.tx() as session:
+        page = views.experiment_checkpoints(session, experiment_id, query)
+        items = convert.checkpoints_to_api(page.views, principal, state.config.checkpoint_dir())
+    return {"checkpoints": items, "pagination": convert.pagination(offset, limit, page.total, len(items))}
+
+
+@router.get("/trials/{trial_id}/checkpoints")
+def trial_checkpoints(
+    trial_id: Id,
+    state: State,
+    principal: UserPrincipal,
+    sort_by_attr: SortByAttr = None,
+    sort_by: SortBy = None,
+    sort_by_metric: SortByMetric = None,
+    order_by: OrderBy = None,
+    states: StatesParam = None,
+    offset: Offset = 0,
+    limit: Limit = 0,
+) -> dict[str, Any]:
+    """Determined's ``GetTrialCheckpoints`` (its SDK's ``Trial.list_checkpoints``, ``top_checkpoint``; its
+    CLI's ``det trial download``): as the experiment's list, for one trial."""
+    query = _listing(sort_by_attr, sort_by, sort_by_metric, order_by, states, offset, limit)
+    with state.tx() as session:
+        page = views.trial_checkpoints(session, trial_id, query)
+        items = convert.checkpoints_to_api(page.views, principal, state.config.checkpoint_dir())
+    return {"checkpoints": items, "pagination": convert.pagination(offset, limit, page.total, len(items))}

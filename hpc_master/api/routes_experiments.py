@@ -1,4 +1,4 @@
-"""Experiments: create, list, get, actions, trials, checkpoints."""
+"""Experiments: create, list, get, actions, trials (their checkpoints: ``routes_checkpoints``)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ from hpc_master.api.schemas import CreateExperimentRequest
 from hpc_master.db.models import ExperimentModel, TrialModel, utcnow
 from hpc_master.errors import ConflictError
 from hpc_master.services import checkpoint_gc as gc
-from hpc_master.services import checkpoints as ckpts
 from hpc_master.services import experiments as exps
-from hpc_master.services import notify
+from hpc_master.services import models_registry, notify
 from hpc_master.services.checkpoint_usage import StorageTotals, experiment_totals, trial_totals_of_experiment
 from hpc_master.services.common import get_or_404
 from hpc_master.services.lifecycle import set_experiment_state
@@ -92,7 +91,8 @@ def list_experiments(
                 e,
                 username,
                 _trial_ids(session, e.id),
-                with_config=False,
+                # Determined's client requires each experiment's config (masked for others' experiments).
+                reveal=principal.admin or e.owner_id == principal.user_id,
                 storage=totals.get(e.id, StorageTotals()),
             )
             for e, username in rows
@@ -165,9 +165,11 @@ def unarchive(experiment_id: Id, state: State, principal: UserPrincipal) -> dict
 def delete_experiment(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     """Remove the experiment's checkpoint files (as its owner's account, ``services.checkpoint_gc``), then its
     rows; if a directory cannot be removed, the experiment is DELETE_FAILED (delete it again to retry) and
-    the checkpoint's failure is recorded (the lifecycle loop retries it too)."""
+    the checkpoint's failure is recorded (the lifecycle loop retries it too). An experiment with a checkpoint
+    in the model registry is refused (409): delete the model version first."""
     with state.tx() as session:
         uuids = exps.begin_delete(session, principal, experiment_id)
+        models_registry.refuse_registered(session, uuids, "its experiment cannot be deleted")
         targets = gc.claim(session, uuids, utcnow(), state.config.checkpoint_dir())
     results = gc.remove(state.checkpoint_remover, targets)
     failure = None
@@ -198,41 +200,3 @@ def experiment_trials(
         totals = trial_totals_of_experiment(session, experiment_id)
         items = [convert.trial_to_api(t, storage=totals.get(t.id, StorageTotals())) for t in page]
     return {"trials": items, "pagination": convert.pagination(offset, limit, len(trials), len(items))}
-
-
-@router.get("/experiments/{experiment_id}/checkpoints")
-def experiment_checkpoints(
-    experiment_id: Id,
-    state: State,
-    principal: UserPrincipal,
-    sort_by_metric: Annotated[str | None, Query(alias="sortByMetric")] = None,
-    sort_by: Annotated[str | None, Query(alias="sortBy")] = None,
-    order_by: Annotated[str | None, Query(alias="orderBy")] = None,
-    offset: Offset = 0,
-    limit: Limit = 0,
-    states: Annotated[list[str] | None, Query()] = None,
-) -> dict[str, Any]:
-    with state.tx() as session:
-        ranked = ckpts.list_experiment_checkpoints(
-            session,
-            experiment_id,
-            sort_by_metric=sort_by_metric,
-            order_by=order_by,
-            offset=offset,
-            limit=limit,
-            states=states,
-        )
-        trials = {
-            t.id: t
-            for t in session.scalars(select(TrialModel).where(TrialModel.experiment_id == experiment_id))
-        }
-        items = [
-            convert.checkpoint_to_api(
-                r.checkpoint,
-                trials.get(r.checkpoint.trial_id),
-                validation=r.validation,
-                searcher_metric=r.metric,
-            )
-            for r in ranked
-        ]
-    return {"checkpoints": items, "pagination": convert.pagination(offset, limit, len(items), len(items))}

@@ -21,10 +21,10 @@ from hpc_master.api.schemas import (
     ReportMetricsRequest,
     RunnerMetadataRequest,
 )
-from hpc_master.db.models import ExperimentModel, TrialModel
+from hpc_master.db.models import TrialModel
 from hpc_master.errors import PermissionDeniedError
+from hpc_master.services import checkpoint_views, harness, notify
 from hpc_master.services import checkpoints as ckpts
-from hpc_master.services import harness, notify
 from hpc_master.services.common import get_or_404
 from hpc_master.services.metrics import ingest_metrics
 
@@ -102,12 +102,12 @@ def report_checkpoint(body: ReportCheckpointRequest, principal: AnyPrincipal, st
 
 @router.get("/checkpoints/{uuid}")
 def get_checkpoint(uuid: str, principal: AnyPrincipal, state: State) -> dict[str, Any]:
+    """Determined's ``GetCheckpoint`` (its client's ``det checkpoint describe|download``,
+    ``client.get_checkpoint``), and the harness's read of a checkpoint's metadata."""
     with state.tx() as session:
-        ckpt = ckpts.get_checkpoint(session, uuid)
-        trial = get_or_404(session, TrialModel, ckpt.trial_id, "trial")
-        experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
-        check_checkpoint_access(principal, ckpt, experiment.owner_id, write=False)
-        return {"checkpoint": convert.checkpoint_to_api(ckpt, trial)}
+        view = checkpoint_views.get_view(session, uuid)
+        check_checkpoint_access(principal, view.checkpoint, view.experiment.owner_id, write=False)
+        return {"checkpoint": convert.checkpoint_to_api(view, principal, state.config.checkpoint_dir())}
 
 
 @router.post("/trials/{trial_id}/progress")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -32,6 +33,8 @@ class LoginRequest(ApiModel):
     password: str = Field(default="", max_length=1024)
     owner_key: str | None = Field(default=None, max_length=256)
     """A personal master's owner key (``hpc_master.owner_key``): required with a blank password."""
+    is_hashed: bool = False
+    """The password is Determined's client-side hash of it (Determined's own CLI and SDK send that)."""
 
 
 def _check_agent_user_group(group: dict[str, Any]) -> dict[str, Any]:
@@ -60,11 +63,13 @@ class NewUser(ApiModel):
 
 class PostUserRequest(ApiModel):
     user: NewUser
-    password: str = ""
+    password: str | None = Field(default="", max_length=1024)
+    is_hashed: bool = False
 
 
 class PatchUserRequest(ApiModel):
-    password: str | None = None
+    password: str | None = Field(default=None, max_length=1024)
+    is_hashed: bool = False
     active: bool | None = None
     admin: bool | None = None
     display_name: str | None = Field(default=None, max_length=256)
@@ -188,3 +193,96 @@ class PatchExperimentRequest(ApiModel):
     name: str | None = Field(default=None, min_length=1, max_length=512)
     description: str | None = Field(default=None, max_length=10_000)
     checkpoint_storage: PatchCheckpointStorage | None = None
+
+
+# ---------------------------------------------------------------- the model registry (Determined's fields)
+
+MAX_METADATA_BYTES = 64 * 1024
+"""A model's or version's metadata, as compact JSON."""
+MAX_METADATA_DEPTH = 32
+MAX_LABELS = 100
+
+
+def _bounded_metadata(value: dict[str, Any]) -> dict[str, Any]:
+    """At most `MAX_METADATA_DEPTH` levels deep and `MAX_METADATA_BYTES` as JSON (UTF-8), finite numbers and
+    valid Unicode only (a lone surrogate could be stored, and then never answered)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_METADATA_DEPTH:
+            raise ValueError(f"metadata nests more than {MAX_METADATA_DEPTH} levels")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    try:
+        size = len(json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode())
+    except UnicodeEncodeError:
+        raise ValueError("metadata text must be valid Unicode (no lone surrogates)") from None
+    except ValueError:
+        raise ValueError("metadata numbers must be finite (no NaN or Infinity)") from None
+    if size > MAX_METADATA_BYTES:
+        raise ValueError(f"metadata is {size} bytes as JSON; at most {MAX_METADATA_BYTES}")
+    return value
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("text cannot contain NUL characters")
+    return value
+
+
+Metadata = Annotated[dict[str, Any], AfterValidator(_bounded_metadata)]
+ModelName = Annotated[str, Field(min_length=1, max_length=256)]
+"""Checked further by ``models_registry.check_model_name``."""
+ShortText = Annotated[str, Field(max_length=256), AfterValidator(_no_nul)]
+LongText = Annotated[str, Field(max_length=10_000), AfterValidator(_no_nul)]
+Notes = Annotated[str, Field(max_length=100_000), AfterValidator(_no_nul)]
+Label = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_no_nul)]
+Labels = Annotated[list[Label], Field(max_length=MAX_LABELS)]
+
+
+class PostModelRequest(ApiModel):
+    """Determined's ``v1PostModelRequest`` (``workspaceName``/``workspaceId``: only its default workspace).
+    A ``null`` field is a field left out (Determined's client sends ``"metadata": null``)."""
+
+    name: ModelName
+    description: LongText | None = None
+    metadata: Metadata | None = None
+    labels: Labels | None = None
+    notes: Notes | None = None
+    workspace_name: ShortText | None = None
+    workspace_id: OptionalId | None = None
+
+
+class PatchModelRequest(ApiModel):
+    """Determined's ``v1PatchModel`` (the body of ``PATCH /api/v1/models/{modelName}``); a field left out
+    keeps its value, `metadata` and `labels` replace the old ones."""
+
+    name: ModelName | None = None
+    description: LongText | None = None
+    metadata: Metadata | None = None
+    labels: Labels | None = None
+    notes: Notes | None = None
+
+
+class PostModelVersionRequest(ApiModel):
+    """Determined's ``v1PostModelVersionRequest`` (``modelName`` is the path's); ``null`` is left out."""
+
+    model_name: str | None = Field(default=None, max_length=256)
+    checkpoint_uuid: CheckpointUuid
+    name: ShortText | None = None
+    comment: LongText | None = None
+    metadata: Metadata | None = None
+    labels: Labels | None = None
+    notes: Notes | None = None
+
+
+class PatchModelVersionRequest(ApiModel):
+    """Determined's ``v1PatchModelVersion`` less its ``checkpoint`` (a version keeps its checkpoint)."""
+
+    name: ShortText | None = None
+    comment: LongText | None = None
+    metadata: Metadata | None = None
+    labels: Labels | None = None
+    notes: Notes | None = None

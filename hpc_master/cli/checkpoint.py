@@ -76,7 +76,7 @@ def _describe(args: argparse.Namespace) -> int:
                 ("Steps completed", c.get("stepsCompleted")),
                 ("Report time", c.get("reportTime")),
                 ("Hyperparameters", training.get("hparams")),
-                ("Validation metrics", training.get("validationMetrics")),
+                ("Validation metrics", avg_metrics(training.get("validationMetrics"))),
                 ("Files", f"{len(resources)} ({human_size(size)})" if resources else ""),
                 ("Metadata", c.get("metadata")),
                 ("Deletion", _deletion_text(c.get("deletion"))),
@@ -84,6 +84,13 @@ def _describe(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def avg_metrics(metrics: Any) -> Any:
+    """The numbers of Determined's ``v1Metrics`` (``{"avgMetrics": {...}}``), as the master answers them."""
+    if isinstance(metrics, dict) and isinstance(metrics.get("avgMetrics"), dict):
+        return metrics["avgMetrics"]
+    return metrics
 
 
 def _deletion_text(deletion: Any) -> str:
@@ -122,10 +129,10 @@ def _download(args: argparse.Namespace) -> int:
     c = _get(session, args.uuid)
     if state(c.get("state")) in ("DELETED", "PARTIALLY_DELETED"):
         raise ClientError(f"checkpoint {args.uuid} is {state(c.get('state'))}; its files are gone")
-    experiment_id = (c.get("training") or {}).get("experimentId")
-    config: dict[str, Any] = {}
-    if experiment_id is not None:
-        experiment = session.call("GET", f"/api/v1/experiments/{experiment_id}")["experiment"]
+    training = c.get("training") or {}
+    config: dict[str, Any] = training.get("experimentConfig") or {}
+    if not config and training.get("experimentId") is not None:  # a master that does not send it
+        experiment = session.call("GET", f"/api/v1/experiments/{training['experimentId']}")["experiment"]
         config = experiment.get("config") or {}
     candidates = candidate_dirs(args.uuid, config)
     source = next((p for p in candidates if p.is_dir()), None)

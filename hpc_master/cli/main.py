@@ -9,7 +9,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
-from hpc_master.cli import checkpoint, deploy, experiment, master, preview, trial, user
+from hpc_master.cli import checkpoint, deploy, experiment, master, model, preview, trial, user
 from hpc_master.errors import ClientError, ConfigError, DetError
 
 # Modules that add sub-commands: each has `register(subparsers)`.
@@ -18,6 +18,7 @@ COMMAND_MODULES: list[Callable[[argparse._SubParsersAction], None]] = [  # type:
     experiment.register,
     trial.register,
     checkpoint.register,
+    model.register,
     user.register,
     master.register,
     preview.register,

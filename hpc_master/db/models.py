@@ -290,3 +290,46 @@ class SearcherOpCompletionModel(Base):
     metric: Mapped[float | None] = mapped_column(Float, nullable=True)
     consumed: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class RegistryModel(Base):
+    """A model of the registry (Determined's ``models``): a named collection of versions, each a checkpoint
+    (``ModelVersionModel``). ``name_key`` is the name casefolded: names are unique regardless of case."""
+
+    __tablename__ = "models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(256))
+    name_key: Mapped[str] = mapped_column(String(1024), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    labels: Mapped[list[str]] = mapped_column(JSON, default=list)
+    notes: Mapped[str] = mapped_column(Text, default="")
+    archived: Mapped[bool] = mapped_column(Boolean, default=False)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    workspace_id: Mapped[int] = mapped_column(Integer, default=1)
+    last_version: Mapped[int] = mapped_column(Integer, default=0)
+    """The highest version number given so far: numbers are never reused, even after a deletion."""
+    creation_time: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    last_updated_time: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class ModelVersionModel(Base):
+    """A version of a registry model: a checkpoint, numbered per model. A checkpoint a version points at is
+    never garbage-collected (``services.checkpoint_gc``) nor deleted (``DELETE /api/v1/checkpoints``)."""
+
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("model_id", "version", name="uq_model_versions_version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    checkpoint_uuid: Mapped[str] = mapped_column(ForeignKey("checkpoints.uuid"), index=True)
+    name: Mapped[str] = mapped_column(String(256), default="")
+    comment: Mapped[str] = mapped_column(Text, default="")
+    notes: Mapped[str] = mapped_column(Text, default="")
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    labels: Mapped[list[str]] = mapped_column(JSON, default=list)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    creation_time: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    last_updated_time: Mapped[dt.datetime] = mapped_column(default=utcnow)

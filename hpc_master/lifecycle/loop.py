@@ -164,3 +164,7 @@ class LifecycleLoop:
             self._thread.join(timeout_s)
         if self.collector is not None:
             self.collector.close()
+
+    def running(self) -> bool:
+        """Whether the loop's thread is alive (after `stop`: its tick outlasted the timeout)."""
+        return self._thread is not None and self._thread.is_alive()

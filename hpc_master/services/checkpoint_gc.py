@@ -6,8 +6,10 @@ ends, when a paused trial's last job ends, when the experiment ends, and when it
 
 What it deletes: the policy (`checkpoint_policy`) of the experiment's stored ``checkpoint_storage`` (fields it
 lacks come from the master's), over every existing checkpoint of the experiment, applied only to trials no
-job runs for (paused or ended), and never to the latest checkpoint of a trial that can still run (a paused
-trial resumes from it).
+job runs for (paused or ended), never to the latest checkpoint of a trial that can still run (a paused
+trial resumes from it), and never to a checkpoint registered in the model registry (``models_registry``):
+those still rank (a registered best fills the best's place) but are never deleted, by the policy or by
+``claim`` (which every deletion goes through).
 
 How: load → act → apply, as the rest of the loop. A short transaction chooses the checkpoints and *claims*
 them (``gc_retry_at`` = a lease, so a master that dies mid-way retries them); the files are removed with no
@@ -50,6 +52,7 @@ from hpc_master.services.checkpoints import checkpoint_dir_map
 from hpc_master.services.experiments import searcher_metric
 from hpc_master.services.lifecycle import GC_TRIAL_STATES
 from hpc_master.services.metrics import metric_value
+from hpc_master.services.models_registry import registered_checkpoints
 from hpc_master.services.states import LIVE_RUN_STATES, TERMINAL_TRIAL_STATES, ExperimentState
 
 log = logging.getLogger(__name__)
@@ -145,10 +148,15 @@ def select_for_gc(
     protected = {
         t.latest_checkpoint for t in trials if t.state not in TERMINAL_TRIAL_STATES and t.latest_checkpoint
     }
+    facts = _facts(session, experiment_id, metric_name)
+    protected |= set(registered_checkpoints(session, (f.uuid for f in facts)))
     return checkpoints_to_delete(
-        _facts(session, experiment_id, metric_name), policy, smaller_is_better=smaller_is_better,
-        collectable_trials=collectable, protected=protected,
-    )  # fmt: skip
+        facts,
+        policy,
+        smaller_is_better=smaller_is_better,
+        collectable_trials=collectable,
+        protected=protected,
+    )
 
 
 @dataclass(frozen=True)
@@ -188,8 +196,12 @@ def preview(session: Session, experiment_id: int, policy: GCPolicy) -> list[Prev
 def claim(session: Session, uuids: Iterable[str], now: dt.datetime, default_root: Path) -> list[Target]:
     """Record that these checkpoints' deletion is wanted and is being attempted (a lease until
     ``now + LEASE``), and say where their files are. Checkpoints already DELETED, or held by an attempt in
-    progress, are left out (another deletion is doing them)."""
-    wanted = sorted(set(uuids))
+    progress, are left out (another deletion is doing them), and so are registered ones (model versions),
+    looked at before and again after the claim: a registration holds the checkpoint's row until it commits,
+    so one that the claim waited for is seen by the second look (PostgreSQL's statements each see what was
+    committed when they began), and its claim is dropped."""
+    asked = set(uuids)
+    wanted = sorted(asked - set(registered_checkpoints(session, asked)))
     if not wanted:
         return []
     claimed = list(
@@ -205,6 +217,15 @@ def claim(session: Session, uuids: Iterable[str], now: dt.datetime, default_root
             .execution_options(synchronize_session=False)
         ).scalars()
     )
+    late = set(registered_checkpoints(session, claimed))
+    if late:
+        session.execute(
+            update(CheckpointModel)
+            .where(CheckpointModel.uuid.in_(sorted(late)))
+            .values(gc_retry_at=None)
+            .execution_options(synchronize_session=False)
+        )
+        claimed = [u for u in claimed if u not in late]
     if not claimed:
         return []
     owners = {

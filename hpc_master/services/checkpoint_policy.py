@@ -106,7 +106,8 @@ def checkpoints_to_delete(
 ) -> list[str]:
     """The uuids to delete: those the policy does not keep, of trials in `collectable_trials` only (trials no
     job runs for: paused or ended), never one in `protected` (the latest checkpoint of a trial that can still
-    run). Ranks are over every checkpoint given, so a running trial's checkpoints count against the others'."""
+    run, a checkpoint registered as a model version). Ranks are over every checkpoint given, so a running
+    trial's checkpoints, and protected ones, count against the others'."""
     keep = checkpoints_to_keep(checkpoints, policy, smaller_is_better=smaller_is_better)
     return [
         c.uuid

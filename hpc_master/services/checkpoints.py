@@ -1,5 +1,5 @@
-"""Checkpoints: registration (idempotent on uuid), lookup, where their directories are, and best-N listing
-(deletion and GC: ``checkpoint_gc``)."""
+"""Checkpoints: registration (idempotent on uuid), lookup, where their directories are (deletion and GC:
+``checkpoint_gc``; what their API answers show and how lists sort: ``checkpoint_views``)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from hpc_master.db.models import CheckpointModel, ExperimentModel, MetricModel, TrialModel, utcnow
+from hpc_master.db.models import CheckpointModel, ExperimentModel, TrialModel, utcnow
 from hpc_master.errors import ClientError, ConflictError
+from hpc_master.services.checkpoint_policy import GC_FIELDS
 from hpc_master.services.common import get_or_404
-from hpc_master.services.experiments import searcher_metric
-from hpc_master.services.metrics import metric_value
 
 CHECKPOINT_STATES = {"ACTIVE", "COMPLETED", "ERROR", "DELETED", "PARTIALLY_DELETED"}
 UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -86,12 +85,21 @@ def get_checkpoint(session: Session, uuid: str) -> CheckpointModel:
     return get_or_404(session, CheckpointModel, uuid, "checkpoint")
 
 
+def effective_storage(experiment_config: Mapping[str, Any], default_root: Path) -> dict[str, Any]:
+    """An experiment's checkpoint storage as its trials' jobs get it (``trialjob``): the stored section when it
+    names a type; otherwise (no section, or one with only the GC fields, which a job ignores) ``shared_fs`` at
+    the master's root, `default_root` (``MasterConfig.checkpoint_dir()``), with the section's GC fields."""
+    storage = experiment_config.get("checkpoint_storage")
+    if isinstance(storage, Mapping) and storage.get("type") is not None:
+        return dict(storage)
+    gc_fields = {k: v for k, v in storage.items() if k in GC_FIELDS} if isinstance(storage, Mapping) else {}
+    return {"type": "shared_fs", "host_path": str(default_root), **gc_fields}
+
+
 def storage_root(experiment_config: Mapping[str, Any], default_root: Path) -> Path | None:
     """Where an experiment's checkpoints live on this host, from its stored config (the master's root when it
     names no storage); None for storage the master cannot see the same way (a container-side directory)."""
-    storage = experiment_config.get("checkpoint_storage")
-    if not isinstance(storage, Mapping):
-        return default_root
+    storage = effective_storage(experiment_config, default_root)
     if storage.get("type") == "shared_fs" and isinstance(storage.get("host_path"), str):
         sub = storage.get("storage_path")
         return (
@@ -115,64 +123,3 @@ def checkpoint_dir_map(session: Session, uuids: Iterable[str], default_root: Pat
         root = storage_root(config or {}, default_root)
         out[uuid] = root / uuid if root is not None and UUID_RE.fullmatch(uuid) else None
     return out
-
-
-@dataclass(frozen=True)
-class RankedCheckpoint:
-    checkpoint: CheckpointModel
-    experiment_id: int
-    validation: dict[str, Any] | None
-    metric: float | None
-
-
-def list_experiment_checkpoints(
-    session: Session,
-    experiment_id: int,
-    *,
-    sort_by_metric: str | None = None,
-    order_by: str | None = None,
-    limit: int = 0,
-    offset: int = 0,
-    states: list[str] | None = None,
-) -> list[RankedCheckpoint]:
-    """Checkpoints of an experiment, best first by the searcher metric (or `sort_by_metric`).
-
-    A checkpoint's metric is the validation reported by its trial at the same ``steps_completed``.
-    """
-    experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
-    searcher_name, smaller_is_better = searcher_metric(experiment.config)
-    metric_name = sort_by_metric or searcher_name
-    if sort_by_metric and sort_by_metric != searcher_name:
-        smaller_is_better = True
-    stmt = (
-        select(CheckpointModel, MetricModel.metrics)
-        .join(TrialModel, TrialModel.id == CheckpointModel.trial_id)
-        .outerjoin(
-            MetricModel,
-            and_(
-                MetricModel.trial_id == CheckpointModel.trial_id,
-                MetricModel.steps_completed == CheckpointModel.steps_completed,
-                MetricModel.group == "validation",
-            ),
-        )
-        .where(TrialModel.experiment_id == experiment_id)
-        .order_by(CheckpointModel.report_time, MetricModel.trial_run_id)
-    )
-    wanted = {s.removeprefix("STATE_") for s in states} if states else None
-    ranked: dict[str, RankedCheckpoint] = {}
-    for ckpt, metrics in session.execute(stmt).all():
-        if wanted is not None and ckpt.state not in wanted:
-            continue
-        value = metric_value(metrics, metric_name) if metrics and metric_name else None
-        # The latest run's validation at these steps wins (rows are ordered by trial_run_id).
-        ranked[ckpt.uuid] = RankedCheckpoint(ckpt, experiment_id, metrics, value)
-    items = list(ranked.values())
-    descending = order_by is not None and order_by.upper() in ("ORDER_BY_DESC", "DESC")
-    if order_by is None or order_by.upper() in ("", "ORDER_BY_UNSPECIFIED"):
-        descending = not smaller_is_better
-    present = [c for c in items if c.metric is not None]
-    absent = [c for c in items if c.metric is None]
-    present.sort(key=lambda c: (c.metric, c.checkpoint.report_time), reverse=descending)
-    result = present + absent
-    result = result[max(offset, 0) :]
-    return result[:limit] if limit > 0 else result

@@ -106,31 +106,53 @@ def login(
     ttl: dt.timedelta,
     require_passwords: bool,
     is_owner: bool = False,
+    is_hashed: bool = False,
 ) -> tuple[str, UserModel]:
     """A new session token. A blank password (a personal master's ``admin`` and ``determined``) is accepted
     only from the master's owner (`is_owner`: the login carried the key from the owner's 0600 file), so
-    another account on the same login node cannot act, and run jobs, as the owner."""
+    another account on the same login node cannot act, and run jobs, as the owner.
+
+    `is_hashed`: the password is Determined's client-side hash of it (Determined's own CLI and SDK,
+    ``auth.determined_hash``). A correct plain password stored in the old form is stored anew
+    (``auth.needs_rehash``), so that Determined's client can log in from then on."""
     user = session.scalar(select(UserModel).where(UserModel.username == username))
     # Verify against a dummy hash for unknown users so timing does not reveal which usernames exist.
     stored = user.password_hash if user is not None else _DUMMY_HASH
-    ok = auth.verify_password(password, stored)
+    ok = auth.verify_password(password, stored, is_hashed=is_hashed)
     if user is None or not ok or not user.active:
-        raise UnauthenticatedError("invalid credentials")
+        # The same answer whether or not the stored hash could take a client-side hash (``auth.verifiable``),
+        # so that the hint reveals no username either.
+        raise UnauthenticatedError(HASHED_LOGIN_FAILED if is_hashed else "invalid credentials")
     if user.password_hash == auth.BLANK_PASSWORD_HASH:
         if require_passwords:
             raise UnauthenticatedError("this master requires passwords; ask an admin to set yours")
         if not is_owner:
-            raise UnauthenticatedError(
-                "a blank password works only for this personal master's owner (the CLI sends the key the "
-                "master wrote to the owner's ~/.config/hpc-det); from another account, log in with a "
-                "password the owner set (det user change-password)"
-            )
+            raise UnauthenticatedError(BLANK_FROM_DETERMINED if is_hashed else BLANK_NOT_OWNER)
+    elif not is_hashed and auth.needs_rehash(user.password_hash):
+        user.password_hash = auth.hash_password(password)
     token = auth.new_token()
     session.add(SessionModel(token_hash=auth.hash_token(token), user_id=user.id, expires_at=utcnow() + ttl))
     return token, user
 
 
+HASHED_LOGIN_FAILED = (
+    "invalid credentials (if this password was set before the master accepted Determined's client, log in "
+    "once with hpc-det's `det user login` or the web UI, which upgrades it)"
+)
+BLANK_NOT_OWNER = (
+    "a blank password works only for this personal master's owner (the CLI sends the key the "
+    "master wrote to the owner's ~/.config/hpc-det); from another account, log in with a "
+    "password the owner set (det user change-password)"
+)
+BLANK_FROM_DETERMINED = (
+    "this user has a blank password, which works only with the owner key that hpc-det's `det` sends; "
+    "Determined's client cannot send it: set a password with hpc-det's `det user change-password` and log "
+    "in with that"
+)
+
+
 _DUMMY_HASH = auth.hash_password("not-a-real-password")
+"""In the current form (for plain and client-side hashed logins alike)."""
 
 
 def logout(session: Session, token: str, cache: TokenCache | None = None) -> None:
@@ -198,17 +220,18 @@ def create_user(
     unix_username: str | None = None,
     display_name: str | None = None,
     require_passwords: bool = False,
+    is_hashed: bool = False,
 ) -> UserModel:
+    """`is_hashed`: `password` is Determined's client-side hash of it (``auth.determined_hash``)."""
     principal.require_admin()
     if not username or len(username) > 128 or not username.isprintable() or " " in username:
         raise ClientError("username must be 1-128 printable characters without spaces", field="username")
-    if require_passwords and not password:
-        raise ClientError("this master requires a non-blank password", field="password")
+    _check_new_password(password, is_hashed=is_hashed, require_passwords=require_passwords)
     if session.scalar(select(UserModel.id).where(UserModel.username == username)) is not None:
         raise ConflictError(f"user {username!r} already exists", field="username")
     user = UserModel(
         username=username,
-        password_hash=auth.hash_password(password),
+        password_hash=auth.hash_password(password, is_hashed=is_hashed),
         admin=admin,
         active=active,
         unix_username=unix_username or username,
@@ -232,9 +255,11 @@ def patch_user(
     require_passwords: bool = False,
     cache: TokenCache | None = None,
     keep_token_hash: str | None = None,
+    is_hashed: bool = False,
 ) -> UserModel:
     """`keep_token_hash`: the caller's own session, which a password change leaves valid (every other
-    session of the user ends; the per-trial tokens of running jobs stay)."""
+    session of the user ends; the per-trial tokens of running jobs stay). `is_hashed`: `password` is
+    Determined's client-side hash of it (``auth.determined_hash``)."""
     principal.require_user()
     user = get_or_404(session, UserModel, user_id, "user")
     own = user.id == principal.user_id
@@ -244,9 +269,8 @@ def patch_user(
     if user.admin and user.active and (admin is False or active is False):
         _refuse_removing_last_admin(session, user)
     if password is not None:
-        if require_passwords and not password:
-            raise ClientError("this master requires a non-blank password", field="password")
-        user.password_hash = auth.hash_password(password)
+        _check_new_password(password, is_hashed=is_hashed, require_passwords=require_passwords)
+        user.password_hash = auth.hash_password(password, is_hashed=is_hashed)
         revoke_user_sessions(session, user.id, keep_token_hash=keep_token_hash)
     if active is not None:
         user.active = active
@@ -259,6 +283,16 @@ def patch_user(
     if cache is not None:
         cache.clear()
     return user
+
+
+def _check_new_password(password: str, *, is_hashed: bool, require_passwords: bool) -> None:
+    if require_passwords and not password:
+        raise ClientError("this master requires a non-blank password", field="password")
+    if is_hashed and not auth.is_client_hash(password):
+        raise ClientError(
+            "with isHashed, the password must be Determined's client-side hash of it (128 hex digits)",
+            field="password",
+        )
 
 
 def _refuse_removing_last_admin(session: Session, user: UserModel) -> None:

@@ -34,7 +34,8 @@ from hpc_master.services.checkpoint_gc import CheckpointCollector, retry_delay
 from hpc_master.services.checkpoint_policy import GCPolicy
 from hpc_master.services.checkpoint_remover import CheckpointRemover, Owner, Removal
 from hpc_master.services.checkpoint_usage import experiment_totals, trial_totals
-from hpc_master.services.checkpoints import CheckpointReport, list_experiment_checkpoints, report_checkpoint
+from hpc_master.services.checkpoint_views import CheckpointQuery, experiment_checkpoints, get_view
+from hpc_master.services.checkpoints import CheckpointReport, report_checkpoint
 from hpc_master.services.experiment_patch import patch_experiment
 from hpc_master.services.states import TerminationReason, TrialState
 from hpc_master.services.users import Principal
@@ -167,7 +168,8 @@ def test_a_trial_that_ends_keeps_its_best_and_latest_and_the_rest_are_deleted_on
     assert states(sessions, done) == {5: "DELETED", 10: "COMPLETED", 15: "DELETED", 20: "COMPLETED"}
     assert pending_requests(sessions) == 0
     with transaction(sessions) as s:  # every list shows it
-        listed = {r.checkpoint.uuid: r.checkpoint.state for r in list_experiment_checkpoints(s, exp_id)}
+        page = experiment_checkpoints(s, exp_id, CheckpointQuery())
+        listed = {v.checkpoint.uuid: v.checkpoint.state for v in page.views}
         assert listed[done[5]] == "DELETED" and listed[done[10]] == "COMPLETED"
         kept = experiment_totals(s, [exp_id])[exp_id]
         assert (kept.count, kept.size_bytes, kept.deleted_count, kept.deleted_bytes) == (6, 60, 2, 20)
@@ -290,7 +292,8 @@ def test_a_failed_deletion_is_recorded_and_retried_with_backoff_until_it_succeed
     assert failed.state == "PARTIALLY_DELETED" and failed.gc_attempts == 1
     assert "Permission denied" in (failed.gc_error or "")
     assert failed.gc_retry_at == T0 + dt.timedelta(seconds=30)
-    shown = checkpoint_to_api(failed)
+    with transaction(sessions) as s:
+        shown = checkpoint_to_api(get_view(s, failed.uuid), Principal(0, "admin", admin=True), root)
     assert shown["state"] == "STATE_PARTIALLY_DELETED" and shown["deletion"]["attempts"] == 1
 
     gc_.run_once()  # not due yet: nothing tried

@@ -180,8 +180,7 @@ function checkpoints(env) {
   let list = [];
   const draw = () => replace(box, list.length ? checkpointTable(list, view, (v) => { Object.assign(view, v); draw(); }) : h("p", { class: "muted" }, "No checkpoints yet."));
   env.live.on(["checkpoints"], async () => {
-    const t = env.trial();
-    list = (await api(`/experiments/${t.experimentId}/checkpoints`, { signal: env.signal() })).checkpoints.filter((c) => String(c.training.trialId) === String(env.id));
+    list = (await api(`/trials/${env.id}/checkpoints`, { signal: env.signal() })).checkpoints;
     draw();
   });
 }

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Determined's official client (CLI `det` and Python SDK), unmodified, in a virtual environment of its own, for
+# the tests in tests/determined_client/ (docs/determined-client.md). It lives apart from .venv on purpose: the
+# PyPI `determined` package must never shadow the job-side compatibility package (determined_compat/), nor our
+# `det` on PATH. Idempotent, and quick when the wanted version is already there.
+#   scripts/determined_client.sh [VENV_DIR]    # default .venv-determined; prints the venv's bin/det
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${1:-.venv-determined}
+VERSION=${DET_CLIENT_VERSION:-0.38.1}
+PYTHON=${DET_CLIENT_PYTHON:-/usr/bin/python3}
+
+installed() {
+  [ -x "$VENV/bin/det" ] &&
+    [ "$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("determined"))' 2>/dev/null)" = "$VERSION" ]
+}
+
+if ! installed; then
+  echo "determined_client: installing determined==$VERSION into $VENV (log: $VENV/install.log)" >&2
+  rm -rf "$VENV"
+  "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/pip" --disable-pip-version-check -q install "determined==$VERSION" >"$VENV/install.log" 2>&1 ||
+    { tail -40 "$VENV/install.log" >&2; echo "determined_client: pip failed" >&2; exit 1; }
+  installed || { echo "determined_client: $VENV/bin/det is missing after the install" >&2; exit 1; }
+fi
+echo "$VENV/bin/det"

@@ -1,0 +1,293 @@
+"""``docs/admin.md`` stays true: its shell blocks are run, in order, from a scratch installation to a
+researcher's experiment on the local Slurm cluster, backed up, upgraded (restarted) and read in the logs.
+
+The convention (``docs/admin.md`` explains it to readers): a fenced block ``bash test`` is run as root, one
+``bash test researcher`` as the cluster's researcher account, and ``bash manual`` is not run (it installs
+packages or system accounts); every shell block must be one of these, and the manual ones are listed here, so a
+new untested command fails the fast test. The blocks run in one bash session (``set -euo pipefail``), with:
+
+- the page's paths mapped to a scratch directory on the "shared filesystem" (``SUBSTITUTIONS`` below), its
+  ``det.example.org:8443`` to the test master's address on the cluster's network, ``alice`` to the
+  researcher, the database ``detmaster`` to one of this test's on ``DET_TEST_PG_URL``'s server, and the
+  ``docker://`` image to the test image served over HTTP (no registry here);
+- ``systemctl``/``journalctl`` replaced by ``tests/admin/_unit_runner.py`` when PID 1 is not systemd.
+
+What the page does to the machine beyond its scratch directory is undone afterwards: the CA certificate it
+trusts (``update-ca-certificates``), its PostgreSQL role and databases, its service.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from hpc_master.db.engine import make_engine
+from hpc_master.db.migrate import upgrade_to_head
+from tests.conftest import require
+
+from ._master_process import REPO, free_port
+from .conftest import pg_server_url
+
+GUIDE = REPO / "docs" / "admin.md"
+SHELLS = {"bash", "sh", "shell", "console"}
+MARKS = {("test",), ("test", "researcher"), ("manual",)}
+MANUAL = {
+    "python3 -m venv /opt/hpc-det/.venv": "installs the software (the test runs the checkout it is in)",
+    "git -C /opt/hpc-det pull": "updates the software",
+    "useradd --system --home-dir /var/lib/hpc-det --shell /usr/sbin/nologin det": "creates a system account",
+}
+"""The first line of each ``bash manual`` block, and why a test does not run it."""
+IMAGE = "docker://pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime"
+CA_FILE = "/usr/local/share/ca-certificates/hpc-det.crt"
+SHARED_TEST_ROOT = Path(os.environ.get("DET_TEST_SHARED_DIR", "/var/tmp/hpc-det-tests"))
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int  # of the opening fence, 1-based
+    marks: tuple[str, ...]
+    text: str
+
+
+def shell_blocks(markdown: str) -> list[Block]:
+    blocks, lines, i = [], markdown.splitlines(), 0
+    while i < len(lines):
+        m = re.match(r"^```(\w*)\s*(.*)$", lines[i])
+        if not m:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        if m.group(1) in SHELLS:
+            blocks.append(Block(i + 1, tuple(m.group(2).split()), "\n".join(lines[i + 1 : end]) + "\n"))
+        i = end + 1
+    return blocks
+
+
+def test_every_shell_block_is_run_or_known_manual() -> None:
+    blocks = shell_blocks(GUIDE.read_text())
+    unmarked = [b.line for b in blocks if b.marks not in MARKS]
+    assert not unmarked, f"docs/admin.md: mark the shell blocks at lines {unmarked} `bash test` (or manual)"
+    manual = {b.text.splitlines()[0] for b in blocks if b.marks == ("manual",)}
+    assert manual == set(MANUAL), "a `bash manual` block is not run by any test: run it, or list it in MANUAL"
+    assert sum(b.marks[0] == "test" for b in blocks) >= 15
+
+
+# ---------------------------------------------------------------- the whole page, on the real parts
+
+
+@dataclass
+class Scratch:
+    id: str
+    root: Path
+    researcher: pwd.struct_passwd
+    host: str
+    port: int
+    pg_url: str  # the server's (SQLAlchemy)
+    image_url: str
+
+    @property
+    def db_name(self) -> str:
+        return f"detmaster_{self.id}"
+
+    @property
+    def ca_file(self) -> str:
+        return CA_FILE.replace("hpc-det.crt", f"hpc-det-admin-guide-{self.id}.crt")
+
+    @property
+    def unit_root(self) -> Path:
+        return self.root / "systemd-root"  # the stand-in's %S is its var/lib
+
+    def substitutions(self) -> list[tuple[str, str]]:
+        pg = make_url(self.pg_url)
+        return [
+            ("/opt/hpc-det", str(REPO)),
+            ("/etc/hpc-det", str(self.root / "etc" / "hpc-det")),
+            ("/etc/profile.d", str(self.root / "etc" / "profile.d")),
+            ("/etc/systemd/system", str(self.root / "etc" / "systemd" / "system")),
+            ("/shared/hpc-det", str(self.root / "shared")),
+            ("/var/lib/hpc-det/master", str(self.unit_root / "var" / "lib" / "hpc-det" / "master")),
+            ("/var/backups/hpc-det", str(self.root / "backups")),
+            (CA_FILE, self.ca_file),
+            ("DNS:det.example.org", f"IP:{self.host}"),
+            ("det.example.org:8443", f"{self.host}:{self.port}"),
+            ("det.example.org", self.host),
+            ("port: 8443", f"port: {self.port}"),
+            ("localhost:5432", f"{pg.host}:{pg.port}"),
+            ("detmaster", self.db_name),
+            (IMAGE, self.image_url),
+        ]
+
+    def apply(self, block: str) -> str:
+        for old, new in self.substitutions():
+            block = block.replace(old, new)
+        return re.sub(r"\balice\b", self.researcher.pw_name, block)
+
+
+def cluster_address() -> str:
+    from local_cluster.spec import LocalClusterSpec, get_state_dir
+
+    record = json.loads((get_state_dir() / "state.json").read_text())
+    return str(LocalClusterSpec.from_json(record["spec"]).controller_ip)
+
+
+@functools.cache
+def built_test_image() -> Path:
+    proc = subprocess.run(
+        [str(REPO / "scripts" / "build_test_image.sh")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def image_server() -> Iterator[str]:
+    """The test image over HTTP, standing in for a registry (``apptainer pull`` fetches ``http://`` SIFs)."""
+    image = built_test_image()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(image.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/{image.name}"
+    finally:
+        server.shutdown()
+
+
+def shim(bin_dir: Path, name: str) -> None:
+    python = REPO / ".venv" / "bin" / "python"
+    path = bin_dir / name
+    path.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {python} -m tests.admin._unit_runner {name} "$@"\n')
+    path.chmod(0o755)
+
+
+def script(scratch: Scratch, blocks: list[Block]) -> str:
+    """The page as one bash script: root's blocks inline, the researcher's through runuser."""
+    home = scratch.root / "home-researcher"
+    parts = [
+        "set -euo pipefail",
+        "trap 'echo \"docs/admin.md: the block at line $BLOCK failed\" >&2' ERR",
+    ]
+    for block in blocks:
+        body = scratch.apply(block.text)
+        parts.append(f"BLOCK={block.line}; echo '::: docs/admin.md:{block.line}'")
+        if block.marks == ("test", "researcher"):
+            path = scratch.root / f"researcher-{block.line}.sh"
+            path.write_text(body)
+            path.chmod(0o644)
+            parts.append(
+                f"(cd {home} && runuser -u {scratch.researcher.pw_name} -- env -i HOME={home} "
+                f'PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 DET_PASS="$ALICE_PASSWORD" '
+                f"bash -euo pipefail {path})"
+            )
+        else:
+            parts.append(body)
+    return "\n".join(parts) + "\n"
+
+
+def cleanup(scratch: Scratch, env: dict[str, str]) -> None:
+    subprocess.run(["systemctl", "stop", "det-master"], env=env, check=False, timeout=120)
+    admin = create_engine(scratch.pg_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        for name in (scratch.db_name, f"{scratch.db_name}_restored"):
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(text(f'DROP ROLE IF EXISTS "{scratch.db_name}"'))
+    admin.dispose()
+    if os.path.exists(scratch.ca_file):
+        os.unlink(scratch.ca_file)
+        subprocess.run(["update-ca-certificates"], capture_output=True, check=False, timeout=120)
+    shutil.rmtree(scratch.root, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.postgres
+@pytest.mark.apptainer
+def test_the_admin_guide_runs_from_scratch_to_a_researchers_experiment(image_server: str) -> None:
+    from local_cluster.cluster import is_up
+
+    require(os.geteuid() == 0 and is_up() and shutil.which("sbatch") is not None, "the local Slurm cluster")
+    require(shutil.which("apptainer") is not None, "Apptainer (sudo scripts/install_apptainer.sh)")
+    require(shutil.which("update-ca-certificates") is not None, "update-ca-certificates")
+    pg_url = pg_server_url()
+    researcher = pwd.getpwnam(os.environ.get("DET_TEST_USER", "researcher"))
+    scratch_id = uuid.uuid4().hex[:8]
+    SHARED_TEST_ROOT.mkdir(parents=True, exist_ok=True)
+    root = SHARED_TEST_ROOT / f"admin-guide-{scratch_id}"
+    root.mkdir(mode=0o755)
+    scratch = Scratch(scratch_id, root, researcher, cluster_address(), free_port(), pg_url, image_server)
+    for directory in ("etc/profile.d", "etc/systemd/system", "root-home", "bin"):
+        (root / directory).mkdir(parents=True)
+    home = root / "home-researcher"
+    home.mkdir()
+    os.chown(home, researcher.pw_uid, researcher.pw_gid)
+    # A master on SQLite keeps master.db in the unit's state directory: the page backs one up.
+    sqlite_dir = scratch.unit_root / "var" / "lib" / "hpc-det" / "master"
+    sqlite_dir.mkdir(parents=True)
+    engine = make_engine(f"sqlite:///{sqlite_dir / 'master.db'}")
+    upgrade_to_head(engine)
+    engine.dispose()
+    for name in ("systemctl", "journalctl"):
+        if not Path("/run/systemd/system").is_dir():  # PID 1 is not systemd: the stand-in
+            shim(root / "bin", name)
+    pg = make_url(pg_url)
+    env = {
+        "PATH": f"{root / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": str(root / "root-home"),
+        "LANG": "C.UTF-8",
+        "PGHOST": str(pg.host),  # psql and pg_dump as the postgres account reach the test's server
+        "PGPORT": str(pg.port),
+        "UNIT_RUNNER_UNITS": str(root / "etc" / "systemd" / "system"),
+        "UNIT_RUNNER_ROOT": str(scratch.unit_root),
+    }
+    blocks = [b for b in shell_blocks(GUIDE.read_text()) if b.marks[0] == "test"]
+    sources = [old for old, _ in scratch.substitutions()]
+    page = "".join(b.text for b in blocks)
+    assert all(old in page for old in sources), [old for old in sources if old not in page]
+    (root / "guide.sh").write_text(script(scratch, blocks))
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(
+            ["bash", str(root / "guide.sh")], env=env, cwd=root / "root-home", capture_output=True, text=True,
+            timeout=900,
+        )  # fmt: skip
+        journal = scratch.unit_root / "run" / "det-master.service.journal"
+        output = proc.stdout + proc.stderr
+        log = journal.read_text(errors="replace")[-3000:] if journal.exists() else ""
+        assert proc.returncode == 0, f"{output[-6000:]}\n--- the master's journal:\n{log}"
+        print(f"{output}\ndocs/admin.md ran in {time.monotonic() - started:.0f} s")
+        # The researcher's trial ran as their account: its run directory is theirs.
+        (exp_dir,) = (root / "shared" / "jobs").glob("exp-*")
+        assert exp_dir.stat().st_uid == researcher.pw_uid
+        assert all(p.stat().st_uid == researcher.pw_uid for p in exp_dir.glob("trial-*/run-*/output.log"))
+        # Its metrics came back to the master over HTTPS.
+        db = create_engine(make_url(pg_url).set(database=scratch.db_name))
+        with db.connect() as conn:
+            assert conn.scalar(text("SELECT count(*) FROM metrics")) > 0
+            assert conn.scalar(text("SELECT state FROM experiments")) == "COMPLETED"
+        db.dispose()
+        assert "ok\n" in output and "********" in output and 'Status: "serving on 0.0.0.0:' in output
+        assert (
+            "| researcher " in output.rsplit("admin.md", 2)[-2]
+        )  # `det experiment list --all` after the restart
+    finally:
+        cleanup(scratch, env)
