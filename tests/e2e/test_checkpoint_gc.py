@@ -99,6 +99,47 @@ def test_a_search_keeps_each_trials_best_and_latest_and_a_strict_policy_only_the
     print(f"save_experiment_best 1 only: {len(rows)} written, 1 left on disk")
 
 
+def test_a_registered_checkpoint_survives_a_stricter_policy_and_only_its_owner_registers_it(
+    master: Master, alice: dict[str, str]
+) -> None:
+    """Real directories written by the researcher's jobs: one kept checkpoint registered as a model version
+    stays on disk when the policy is tightened to keep nothing; another user can neither register nor delete
+    it; once its version is deleted, the next collection removes it."""
+    admin = master.login("admin", "admin-pw")
+    user = {"username": "bob", "admin": False, "active": True, "unixUsername": master.researcher.name}
+    master.api("POST", "/users", admin, json={"user": user, "password": "bob-pw"})
+    bob = master.login("bob", "bob-pw")
+    exp = master.create_experiment(alice, GRID.replace("NAME", "registry"), GC_CONTEXT)
+    assert master.wait_state(alice, exp, DONE, 150) == "STATE_COMPLETED", master.diagnose(exp)
+    rows = settled(master, alice, exp, kept=7)
+    kept = sorted((c for c in rows if c["uuid"] in on_disk(master)), key=lambda c: c["stepsCompleted"])
+    chosen = kept[-1]["uuid"]  # a latest (step 12): any kept one would do
+
+    master.api("POST", "/models", alice, json={"name": "e2e-gc-model"})
+    master.api("POST", "/models", bob, json={"name": "bobs-model"})
+    url = f"{master.url}/api/v1/models/bobs-model/versions"
+    r = master._http().post(url, headers=bob, json={"checkpointUuid": chosen})
+    assert r.status_code == 403, r.text  # bob cannot register alice's checkpoint
+    version = master.api("POST", "/models/e2e-gc-model/versions", alice, json={"checkpointUuid": chosen})
+    r = master._http().request(
+        "DELETE", f"{master.url}/api/v1/checkpoints", headers=bob, json={"checkpointUuids": [chosen]}
+    )
+    assert r.status_code == 403, r.text  # nor delete it
+
+    # Keep nothing: every directory goes but the registered one.
+    storage = {"saveExperimentBest": 0, "saveTrialBest": 0, "saveTrialLatest": 0}
+    master.api("PATCH", f"/experiments/{exp}", alice, json={"checkpointStorage": storage})
+    rows = settled(master, alice, exp, kept=1)
+    assert on_disk(master) & {c["uuid"] for c in rows} == {chosen}
+    print(f"registered: {len(rows)} written, 1 left on disk under 0/0/0 (the registered one)")
+
+    # Its version deleted, the next collection takes it too.
+    number = version["modelVersion"]["version"]
+    master.api("DELETE", f"/models/e2e-gc-model/versions/{number}", alice)
+    settled(master, alice, exp, kept=0)
+    assert chosen not in on_disk(master)
+
+
 def test_a_paused_trial_keeps_only_its_latest_checkpoint_and_resumes_from_it(
     master: Master, alice: dict[str, str]
 ) -> None:
