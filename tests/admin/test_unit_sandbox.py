@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import os
 import pwd
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -46,9 +47,20 @@ def sandbox_prefix(unit: str) -> tuple[str, ...]:
     caps = ",".join(
         ["-all", *(f"+{c.lower().removeprefix('cap_')}" for c in options["CapabilityBoundingSet"].split())]
     )
+    # An installation lives outside /tmp and /var/tmp (PrivateTmp hides them, as the guide says). A checkout
+    # under them (scripts/test.sh copies one to /var/tmp when the original is private) is put back in place
+    # over the private /tmp or /var/tmp, from a bind mount made before: the test is of the unit, not of
+    # where CI keeps its checkout.
+    repo = shlex.quote(str(REPO.resolve()))
+    before = after = ""
+    if str(REPO.resolve()).startswith(("/tmp/", "/var/tmp/")):
+        stash = shlex.quote(str(SANDBOX_ROOT / ".checkout"))
+        before = f"mkdir -p {stash}; mount --bind {repo} {stash}; "
+        after = f"mkdir -p {repo}; mount --bind {stash} {repo}; "
     mounts = (
-        "set -e; for d in /usr /boot /efi /etc; do if [ -d $d ]; then mount --bind $d $d; "
+        f"set -e; {before}for d in /usr /boot /efi /etc; do if [ -d $d ]; then mount --bind $d $d; "
         "mount -o remount,bind,ro $d; fi; done; mount -t tmpfs tmpfs /tmp; mount -t tmpfs tmpfs /var/tmp; "
+        f"{after}"
         'exec setpriv --bounding-set "$0" --no-new-privs -- "$@"'
     )
     return ("unshare", "--mount", "--propagation", "private", "--", "sh", "-c", mounts, caps)
