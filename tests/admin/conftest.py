@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from tests.conftest import require
+from tests.pg import new_database
 
 
 def pg_server_url() -> str:
@@ -23,17 +21,8 @@ def pg_server_url() -> str:
 @pytest.fixture
 def pg_database() -> Iterator[str]:
     """The SQLAlchemy URL of a new, empty database on the test server, dropped afterwards."""
-    base = pg_server_url()
-    name = f"hpcdet_admin_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with new_database(pg_server_url(), "hpcdet_admin") as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)

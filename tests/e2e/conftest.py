@@ -220,24 +220,15 @@ def master(researcher: Researcher) -> Iterator[Master]:
 def fresh_pg_database() -> Iterator[str]:
     """A new, empty database on the PostgreSQL server at DET_TEST_PG_URL (skips without one, fails under
     DET_TEST_REQUIRE_ALL=1); dropped afterwards."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
+    from tests.pg import new_database
 
     base = os.environ.get("DET_TEST_PG_URL")
     if not base:
         if os.environ.get("DET_TEST_REQUIRE_ALL") == "1":
             pytest.fail("DET_TEST_PG_URL is unset and DET_TEST_REQUIRE_ALL=1")
         pytest.skip("DET_TEST_PG_URL is unset (scripts/postgres.sh start)")
-    name = f"hpcdet_e2e_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with new_database(base, "hpcdet_e2e") as url:
+        yield url
 
 
 @pytest.fixture()

@@ -439,22 +439,12 @@ def blank_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'old.db'}"
         return
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
+    from tests.pg import new_database
 
     from .conftest import pg_url_or_skip
 
-    base = pg_url_or_skip()
-    name = f"hpcdet_mig_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(base).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with new_database(pg_url_or_skip(), "hpcdet_mig") as url:
+        yield url
 
 
 def test_the_migration_records_the_size_of_checkpoints_already_there(blank_url: str) -> None:
