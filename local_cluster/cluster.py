@@ -68,7 +68,36 @@ def require_root() -> None:
 
 
 def is_up(state_dir: Path | None = None) -> bool:
+    """Whether `up` has run and `down` has not (its daemons may have died since: see `problems`)."""
     return ((state_dir or get_state_dir()) / "state.json").exists()
+
+
+def problems(spec: LocalClusterSpec) -> list[str]:
+    """Why a cluster whose state file exists cannot run jobs; [] when it can.
+
+    A state file outlives its daemons when the machine restarts or is restored from a disk image: without this
+    check, `status` said "up" and every caller went on to submit jobs to a controller that was not there.
+    """
+    found = []
+    if not system.pids_named("slurmctld"):
+        found.append("slurmctld is not running")
+    elif "UP" not in system.run(["scontrol", "ping"], check=False).stdout:
+        found.append("slurmctld does not answer `scontrol ping`")
+    in_nodes = {pid for node in spec.node_names for pid in system.pids_in_netns(node)}
+    slurmd = [pid for pid in system.pids_named("slurmd") if pid in in_nodes]
+    if len(slurmd) < len(spec.node_names):
+        found.append(f"{len(slurmd)} of {len(spec.node_names)} slurmd running")
+    if not MUNGE_SOCKET.exists() or not system.pids_named("munged"):
+        found.append("munged is not running")
+    return found
+
+
+def is_healthy(state_dir: Path | None = None) -> bool:
+    """Whether the cluster is up and its daemons run: what a test or a job submission needs."""
+    state_file = (state_dir or get_state_dir()) / "state.json"
+    if not state_file.exists():
+        return False
+    return not problems(LocalClusterSpec.from_json(Record.load(state_file).spec))
 
 
 # ---- up ---------------------------------------------------------------------------------------------
@@ -82,10 +111,17 @@ def up(
 ) -> None:
     require_root()
     if spec.state_file.exists():
-        raise LocalClusterError(
-            f"the local cluster is already up (state in {spec.root}); `det deploy local status` shows it, "
-            "`det deploy local down` removes it"
-        )
+        current = LocalClusterSpec.from_json(Record.load(spec.state_file).spec)
+        stale = problems(current)
+        if not stale:
+            raise LocalClusterError(
+                f"the local cluster is already up (state in {spec.root}); `det deploy local status` shows it, "
+                "`det deploy local down` removes it"
+            )
+        # Left from before a restart (or its daemons died): undo what that `up` did, then start afresh.
+        log.warning("the local cluster in %s is stale (%s); removing it first", spec.root, "; ".join(stale))
+        for kept in down(quiet=True) or []:
+            log.warning("%s", kept)
     missing = system.missing_packages(accounting=spec.accounting)
     if missing and not install:
         raise LocalClusterError(
@@ -380,8 +416,11 @@ def status() -> dict[str, object]:
     record = Record.load(state_file)
     spec = LocalClusterSpec.from_json(record.spec)
     sinfo = system.run(["sinfo", "-N", "-h", "-o", "%N %P %t %G %c"], check=False)
+    found = problems(spec)
     return {
         "up": True,
+        "healthy": not found,
+        "problems": found,
         "state_dir": str(spec.root),
         "controller": f"{socket.gethostname()} ({spec.controller_ip})",
         "nodes": {name: spec.node_ip(i) for i, name in enumerate(spec.node_names)},

@@ -39,7 +39,7 @@ fi
 export PATH="$VENV/bin:$PATH"
 
 step "Local Slurm cluster: 2 nodes x 2 GPUs, account '$USER_NAME'"
-if det deploy local status --json >/dev/null 2>&1; then
+if det deploy local status --json >/dev/null 2>&1; then  # 0 only when up and healthy; `up` replaces a stale one
   echo "already up: reusing it"
 else
   det deploy local up --nodes 2 --gpus-per-node 2 --create-user "$USER_NAME"

@@ -39,6 +39,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# status exits 0 only when the cluster is up and its daemons run; a stale one (a state file left from before a
+# restart, or a machine restored from a disk image) is removed and started afresh by `up`.
 if det deploy local status >/dev/null 2>&1; then
   echo "test: using the local Slurm cluster that is already up"
 else

@@ -91,9 +91,11 @@ def _down(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     info = status()
+    # 0: up and able to run jobs; 1: not up; 3: up but stale (its daemons are not running).
+    rc = 1 if not info["up"] else 0 if info["healthy"] else 3
     if args.json:
         print(json.dumps(info, indent=2))
-        return 0 if info["up"] else 1
+        return rc
     if not info["up"]:
         print("The local Slurm cluster is not up. Start it (as root) with: det deploy local up")
         return 1
@@ -104,4 +106,9 @@ def _status(args: argparse.Namespace) -> int:
                 print(f"  {line}")
         else:
             print(f"{key}: {value}")
-    return 0
+    found = info["problems"]
+    if rc and isinstance(found, list):
+        print(
+            f"The local Slurm cluster is stale: {'; '.join(found)}. `det deploy local up` removes it and starts it afresh."
+        )
+    return rc

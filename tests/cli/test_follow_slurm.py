@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from local_cluster.cluster import is_up
+from local_cluster.cluster import is_healthy
 from tests.cli.conftest import ADMIN, Det, Master, give_owner_key, running_master, unique
 from tests.conftest import require
 
@@ -41,7 +41,7 @@ resources:
 @pytest.fixture
 def full_master(tmp_path: Path) -> Iterator[Master]:
     """``det-master`` itself (``hpc_master.server``): the API and, once it exists, the lifecycle loop."""
-    require(shutil.which("sbatch") is not None and is_up(), "the local Slurm cluster")
+    require(shutil.which("sbatch") is not None and is_healthy(), "the local Slurm cluster")
     # Jobs run as the researcher account: their storage must be on a "shared filesystem" it can write.
     shared = SHARED_TEST_ROOT / f"cli-{uuid.uuid4().hex[:10]}"
     shared.mkdir(parents=True, mode=0o1777)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from local_cluster.cluster import is_up
+from local_cluster.cluster import is_healthy
 from tests.conftest import require
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ class Researcher:
 
 @pytest.fixture(scope="session")
 def cluster() -> None:
-    require(os.geteuid() == 0 and is_up() and shutil.which("sbatch") is not None, "the local Slurm cluster")
+    require(os.geteuid() == 0 and is_healthy() and shutil.which("sbatch") is not None, "the local Slurm cluster")
 
 
 @pytest.fixture()

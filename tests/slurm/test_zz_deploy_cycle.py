@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,6 +41,41 @@ def test_up_twice_says_already_up(researcher: Researcher) -> None:
     assert "already up" in proc.stderr
 
 
+def _up_args(record: dict[str, Any]) -> list[str]:
+    """`det deploy local up` bringing back the cluster that `record` (its state file) describes."""
+    spec = LocalClusterSpec.from_json(record["spec"])
+    args = [
+        "deploy", "local", "up", "--no-install",
+        "--nodes", str(spec.nodes), "--gpus-per-node", str(spec.gpus_per_node),
+        "--cpus-per-node", str(spec.cpus_per_node), "--mem-per-node-mb", str(spec.mem_per_node_mb),
+        "--gpu-type", spec.gpu_type,
+    ]  # fmt: skip
+    for user in record["created_users"]:
+        args += ["--create-user", user]
+    return args
+
+
+def test_a_stale_cluster_is_reported_and_up_starts_it_afresh(researcher: Researcher) -> None:
+    """A state file whose daemons are gone (a restarted machine, one restored from a disk image) is not 'up'."""
+    record = json.loads((get_state_dir() / "state.json").read_text())
+    spec = LocalClusterSpec.from_json(record["spec"])
+    system.kill_now(system.pids_named("slurmd") + system.pids_named("slurmctld"))
+
+    status = det("deploy", "local", "status")
+    assert status.returncode == 3, status.stdout
+    assert (
+        "slurmctld is not running" in status.stdout and f"0 of {spec.nodes} slurmd running" in status.stdout
+    )
+    assert json.loads(det("deploy", "local", "status", "--json").stdout)["healthy"] is False
+
+    again = det(*_up_args(record))
+    assert again.returncode == 0, again.stderr
+    assert "is stale" in again.stderr
+    assert det("deploy", "local", "status").returncode == 0
+    out = researcher.run(["srun", "-N", str(spec.nodes), "hostname"], timeout_s=120).stdout
+    assert sorted(out.split()) == spec.node_names
+
+
 def test_down_leaves_nothing_behind_and_up_works_again(researcher: Researcher) -> None:
     record = json.loads((get_state_dir() / "state.json").read_text())
     spec = LocalClusterSpec.from_json(record["spec"])
@@ -62,15 +98,7 @@ def test_down_leaves_nothing_behind_and_up_works_again(researcher: Researcher) -
         for user in record["created_users"]:
             assert subprocess.run(["id", user], capture_output=True, check=False).returncode != 0
     finally:
-        args = [
-            "deploy", "local", "up", "--no-install",
-            "--nodes", str(spec.nodes), "--gpus-per-node", str(spec.gpus_per_node),
-            "--cpus-per-node", str(spec.cpus_per_node), "--mem-per-node-mb", str(spec.mem_per_node_mb),
-            "--gpu-type", spec.gpu_type,
-        ]  # fmt: skip
-        for user in record["created_users"]:
-            args += ["--create-user", user]
-        again = det(*args)
+        again = det(*_up_args(record))
     assert again.returncode == 0, again.stderr
     status = json.loads(det("deploy", "local", "status", "--json").stdout)
     assert status["up"] and status["slurmd_running"] == spec.nodes
