@@ -225,7 +225,9 @@ def cleanup(scratch: Scratch, env: dict[str, str]) -> None:
 def test_the_admin_guide_runs_from_scratch_to_a_researchers_experiment(image_server: str) -> None:
     from local_cluster.cluster import is_healthy
 
-    require(os.geteuid() == 0 and is_healthy() and shutil.which("sbatch") is not None, "the local Slurm cluster")
+    require(
+        os.geteuid() == 0 and is_healthy() and shutil.which("sbatch") is not None, "the local Slurm cluster"
+    )
     require(shutil.which("apptainer") is not None, "Apptainer (sudo scripts/install_apptainer.sh)")
     require(shutil.which("update-ca-certificates") is not None, "update-ca-certificates")
     pg_url = pg_server_url()

@@ -97,7 +97,9 @@ def test_a_root_master_in_the_units_sandbox_runs_a_researchers_trial_and_gc(sand
 
     from .test_admin_guide import cluster_address
 
-    require(os.geteuid() == 0 and is_healthy() and shutil.which("sbatch") is not None, "the local Slurm cluster")
+    require(
+        os.geteuid() == 0 and is_healthy() and shutil.which("sbatch") is not None, "the local Slurm cluster"
+    )
     require(
         shutil.which("setpriv") is not None and shutil.which("unshare") is not None, "setpriv and unshare"
     )

@@ -46,7 +46,9 @@ class Researcher:
 
 @pytest.fixture(scope="session")
 def cluster() -> None:
-    require(os.geteuid() == 0 and is_healthy() and shutil.which("sbatch") is not None, "the local Slurm cluster")
+    require(
+        os.geteuid() == 0 and is_healthy() and shutil.which("sbatch") is not None, "the local Slurm cluster"
+    )
 
 
 @pytest.fixture()
