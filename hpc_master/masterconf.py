@@ -114,6 +114,11 @@ class ResourcePoolConfig(StrictModel):
     """Memory per node, with a unit (``64G``, ``512M``): the job's ``--mem``."""
     container: ContainerConfig | None = None
     """The pool's own container settings: each key it sets overrides the top-level ``container``'s."""
+    priority_nice_step: int = Field(default=10, ge=0, le=20_000_000)
+    """How an experiment's ``resources.priority`` (Determined's 1 highest … 99 lowest, default 42) reaches
+    Slurm: each job gets ``--nice=(priority - 1) * priority_nice_step``, so priority 1 adds nothing and each step
+    down lowers the job's Slurm priority by this much (``det e set priority`` re-nices pending jobs). Size it
+    against the cluster's ``PriorityWeight*`` factors; 0: priorities are not passed to Slurm. (docs/priority.md)"""
 
     @field_validator("partition", "account", "qos")
     @classmethod

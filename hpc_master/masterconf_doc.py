@@ -65,6 +65,7 @@ resource_pools:
     default_time_limit: "4:00:00"
     max_time_limit: 2-00:00:00
     mem_per_node: 480G
+    priority_nice_step: 100
   cpu:
     partition: cpu
     slots_per_node: 0

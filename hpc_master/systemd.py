@@ -167,6 +167,8 @@ def configure_logging(level: str) -> None:
         handler.setFormatter(JournalFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    from hpc_master.master_log import MASTER_LOG
+
+    logging.basicConfig(level=level.upper(), handlers=[handler, MASTER_LOG], force=True)
     logging.getLogger("uvicorn.error").addFilter(ShutdownNoise())
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # nine lines at every start

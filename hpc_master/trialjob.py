@@ -19,6 +19,7 @@ from typing import Any
 from containers.images import default_cache_dir
 from containers.job import container_section
 from harness.exec import job_plan as run_files
+from hpc_master import priority
 from hpc_master.errors import ConfigError
 from hpc_master.expconf import DirectoryStorage, ExperimentConfig, SharedFSStorage
 from hpc_master.masterconf import MasterConfig, pool_container
@@ -46,6 +47,7 @@ class PoolSpec:
     mem_per_node_mb: int | None = None
     preempt_signal: str = "SIGUSR1"
     preempt_lead_s: int | None = 300  # None: no --signal
+    priority_nice_step: int = 0  # --nice per step of resources.priority (hpc_master.priority); 0: none
     # Containers (master.yaml `container:`, per pool): trials run inside environment.image or this default image.
     container_runtime: str = "apptainer"  # apptainer | singularity | none
     container_command: str | None = None  # the runtime's executable, when not the runtime's name on PATH
@@ -75,6 +77,7 @@ def pool_from_master_config(master: MasterConfig, name: str | None = None) -> Po
         mem_per_node_mb=pool.mem_per_node_mb,
         preempt_signal=master.preemption.signal,
         preempt_lead_s=master.preemption.lead_time_s,
+        priority_nice_step=pool.priority_nice_step,
         **_pool_container_fields(master, pool_name),
     )
 
@@ -282,6 +285,7 @@ def build_trial_job(
         preempt_lead_s=_signal_lead_s(pool, time_limit),
         env=tuple(env),
         extra_sbatch_args=tuple(config.slurm.sbatch_args),
+        nice=priority.nice(config.resources.priority, pool.priority_nice_step),
     )
     user_env = config.environment.environment_variables.for_device("cuda" if shape.gpus_per_node else "cpu")
     cluster_info: dict[str, Any] = {

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from det_errors import ClientError, ConfigError, SlurmError
 from slurm_backend import parse
+from slurm_backend.spec import NICE_MAX
 from slurm_backend.states import JobStatus
 
 log = logging.getLogger(__name__)
@@ -284,6 +285,13 @@ class SlurmCli:
         """scancel the job (SIGKILL after Slurm's KillWait), or only send `signal` to all its processes."""
         argv = ["scancel", *([f"--signal={signal}", "--full"] if signal else []), _job_id(job_id)]
         self.run(argv)
+
+    def set_nice(self, job_id: str, nice: int) -> None:
+        """``scontrol update JobId=ID Nice=N``: re-order a pending job (N ≥ 0 needs no operator; its owner or
+        root may set it)."""
+        if not 0 <= nice <= NICE_MAX:
+            raise ValueError(f"nice must be 0 to {NICE_MAX}, not {nice}")
+        self.run(["scontrol", "update", f"JobId={_job_id(job_id)}", f"Nice={nice}"])
 
     def signal(self, job_id: str, sig: str, *, batch_only: bool = True) -> None:
         """Send `sig` (e.g. "USR1") to the batch shell only (`--batch`) or to every process (`--full`)."""

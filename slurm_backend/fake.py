@@ -86,6 +86,7 @@ class FakeJob:
     in_accounting: bool = True
     starts: int = 0  # how many times it was started (a controller restart can run a job again)
     signals: list[str] = field(default_factory=list)  # scancel --signal=... received
+    nice: int = 0  # sbatch --nice, or the last `scontrol update JobId=... Nice=...`
 
     @property
     def ended(self) -> bool:
@@ -287,14 +288,15 @@ class FakeCluster:
             return job
 
     def schedule(self) -> list[str]:
-        """Start pending jobs in submission order while slots and per-user limits allow; give the rest
+        """Start pending jobs in priority order (submission order, less their nice) while slots and per-user limits allow; give the rest
         Slurm's reasons. Returns the ids started."""
         with self._lock:
             started: list[str] = []
             running = [j for j in self.active() if j.state == "RUNNING"]
             free = self.slots - len(running)
             blocked_by_resources = False
-            for job in sorted(self.active(), key=lambda j: int(j.job_id)):
+            # priority/basic: each job's priority is one below the previous one's, less its nice.
+            for job in sorted(self.active(), key=lambda j: (int(j.job_id) + j.nice, int(j.job_id))):
                 if job.state != "PENDING":
                     continue
                 mine = sum(1 for j in running if j.user == job.user)
@@ -348,6 +350,7 @@ class FakeCluster:
             account=account,
             qos=qos,
             submit_time=self.now,
+            nice=int(opts.get("nice", "0")),
         )
         if self.auto_schedule:
             self.schedule()
@@ -412,6 +415,13 @@ class FakeCluster:
     def _scontrol(self, args: list[str], _stdin: str, _user: str) -> CommandResult:
         if not self.controller_up:
             return CommandResult(1, "", LOAD_JOBS_UNREACHABLE)
+        if args[:1] == ["update"]:  # scontrol update JobId=ID Nice=N (prints nothing when it works)
+            fields = dict(a.split("=", 1) for a in args[1:])
+            job = self.jobs.get(fields.get("JobId", ""))
+            if job is None or not job.in_controller:
+                return CommandResult(1, "", INVALID_JOB_ID)
+            job.nice = int(fields["Nice"])
+            return CommandResult(0, "", "")
         job_id = args[-1]
         job = self.jobs.get(job_id)
         if job is None or not job.in_controller:
@@ -419,7 +429,7 @@ class FakeCluster:
         uid = self.uid(job.user)
         line = (
             f"JobId={job.job_id} JobName={job.name} UserId={job.user}({uid}) GroupId={job.user}({uid}) "
-            f"Priority=4294901758 Nice=0 Account={job.account or '(null)'} QOS={job.qos} "
+            f"Priority=4294901758 Nice={job.nice} Account={job.account or '(null)'} QOS={job.qos} "
             f"JobState={job.state} Reason={job.reason.replace(', ', ',_')} Dependency=(null) Requeue=0 "
             f"Restarts=0 BatchFlag=1 Reboot=0 ExitCode={job.exit_code}:{job.exit_signal} "
             f"SubmitTime={_ts(job.submit_time, 'Unknown')} StartTime={_ts(job.start_time, 'Unknown')} "

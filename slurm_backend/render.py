@@ -64,6 +64,8 @@ def master_options(spec: JobSpec) -> list[tuple[str, str | int | None]]:
         opts.append(gpu)
     if spec.mem_per_node_mb is not None:
         opts.append(("mem", spec.mem_per_node_mb))
+    if spec.nice is not None:
+        opts.append(("nice", spec.nice))
     if spec.preempt_lead_s is not None:
         opts.append(("signal", f"B:{spec.preempt_signal.removeprefix('SIG')}@{spec.preempt_lead_s}"))
     opts.append(("no-requeue", None))

@@ -14,6 +14,7 @@ GPU_REQUEST_STYLES: tuple[GpuRequestStyle, ...] = ("gres", "gpus_per_node", "non
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SIGNAL = re.compile(r"^(SIG)?[A-Z0-9]+$")
 _GPU_TYPE = re.compile(r"^[A-Za-z0-9_.-]+$")
+NICE_MAX = 2_147_483_645  # Slurm's largest --nice (a negative one needs an operator: never ours)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class JobSpec:
     preempt_lead_s: int | None = None  # None: no --signal; else --signal=B:<sig>@<lead_s>
     env: tuple[tuple[str, str], ...] = ()  # exported in the script body, in this order
     extra_sbatch_args: tuple[str, ...] = ()  # the user's slurm.sbatch_args (validated here)
+    nice: int | None = None  # --nice: the experiment's priority (hpc_master.priority); None: not passed
     exec_last: bool = True
 
     def __post_init__(self) -> None:
@@ -46,6 +48,8 @@ class JobSpec:
         for name in ("time_limit_min", "cpus_per_task", "mem_per_node_mb"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
+        if self.nice is not None and not 0 <= self.nice <= NICE_MAX:
+            raise ClientError(f"nice must be 0 to {NICE_MAX}, not {self.nice}", field="nice")
         if self.gpus_per_node < 0:
             raise ClientError("gpus_per_node must be ≥ 0", field="gpus_per_node")
         if self.gpu_request_style not in GPU_REQUEST_STYLES:

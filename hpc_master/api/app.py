@@ -22,12 +22,15 @@ from hpc_master.api import (
     routes_auth,
     routes_checkpoints,
     routes_compat,
+    routes_compat_experiments,
+    routes_compat_trials,
     routes_experiments,
     routes_harness,
     routes_master,
     routes_models,
     routes_trials,
     routes_ui,
+    routes_workspaces,
 )
 from hpc_master.api.deps import AppState, get_principal
 from hpc_master.api.fast_ingest import MetricsFastPath
@@ -254,6 +257,9 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
         routes_models,
         routes_trials,
         routes_compat,  # Determined's client's own routes (docs/determined-client.md)
+        routes_compat_experiments,  # Determined's experiment routes (model_def, labels)
+        routes_workspaces,  # Determined's one default workspace and project
+        routes_compat_trials,  # Determined's trial metric streams (Trial.iter_metrics)
     ):
         app.include_router(module.router)
     app.include_router(routes_checkpoints.legacy)  # before the UI's pages under /experiments/

@@ -19,7 +19,7 @@ from hpc_master.db.models import (
     UserModel,
 )
 from hpc_master.services import checkpoints as ckpts
-from hpc_master.services import redact
+from hpc_master.services import redact, workspaces
 from hpc_master.services.checkpoint_usage import StorageTotals
 from hpc_master.services.checkpoint_views import CheckpointView
 from hpc_master.services.users import Principal
@@ -78,9 +78,12 @@ def experiment_to_api(
         "searcherMetric": searcher.get("metric", "") if isinstance(searcher, dict) else "",
         "progress": experiment.progress,
         "forkedFrom": experiment.parent_id,
-        "projectId": 1,
+        "projectId": workspaces.DEFAULT_ID,
         "projectOwnerId": 1,  # the one default project's (Determined's client requires the field)
-        "workspaceId": 1,
+        "workspaceId": workspaces.DEFAULT_ID,
+        # The config's `workspace` and `project` keys, stored and shown (services.workspaces).
+        "workspaceName": workspaces.names_of(experiment.config)[0],
+        "projectName": workspaces.names_of(experiment.config)[1],
         "parentArchived": False,
         "notes": "",
         "jobId": f"exp-{experiment.id}",

@@ -1,7 +1,8 @@
 """Checkpoint garbage collection and deletion, on Determined's routes:
 
 - ``PATCH /api/v1/experiments/{id}`` (``v1PatchExperiment``: ``checkpointStorage`` with ``saveExperimentBest``,
-  ``saveTrialBest``, ``saveTrialLatest``; ``name``, ``description``): sets the GC policy, collected at once;
+  ``saveTrialBest``, ``saveTrialLatest``; ``name``, ``description``, ``labels``, ``resources``): sets the GC
+  policy, collected at once (``services.experiment_patch``);
 - ``GET /api/v1/experiments/{id}/preview_gc?save_experiment_best=…`` (Determined serves it without the
   ``/api/v1`` prefix, as its CLI calls it; both are here): what a policy would delete, in Determined's shape;
 - ``DELETE /api/v1/checkpoints`` (``checkpointUuids``): delete checkpoints now, as their owner's account;
@@ -45,11 +46,16 @@ def patch(
 ) -> dict[str, Any]:
     if body.id is not None and body.id != experiment_id:
         raise ClientError(f"the body's id {body.id} is not experiment {experiment_id}", field="id")
+    if body.notes:
+        raise ClientError("this master keeps no experiment notes (use the description)", field="notes")
     storage = body.checkpoint_storage
+    # A resources field sent as null goes back to its default; one left out keeps its value.
+    resources = body.resources.model_dump(include=body.resources.model_fields_set) if body.resources else None
     with state.tx() as session:
         experiment = patch_experiment(
             session, principal, experiment_id, name=body.name, description=body.description,
-            gc_policy=storage.model_dump() if storage is not None else None,
+            labels=body.labels, gc_policy=storage.model_dump() if storage is not None else None,
+            resources=resources,
         )  # fmt: skip
         owner = get_or_404(session, UserModel, experiment.owner_id, "user")
         trial_ids = session.scalars(select(TrialModel.id).where(TrialModel.experiment_id == experiment_id))

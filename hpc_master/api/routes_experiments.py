@@ -50,13 +50,17 @@ def create_experiment(
             validate_only=body.validate_only,
             master=state.config,
         )
-        warnings = [{"message": w} for w in parsed.warnings]
+        # ``warnings`` is Determined's ``LaunchWarning`` enum, which Determined's client parses (an unknown
+        # value fails it after the experiment was created): none of hpc-det's. The config's warnings (parts
+        # of it ignored on Slurm) are ``configWarnings``; hpc-det's ``det`` finds them when it checks the
+        # config locally, before it posts.
+        warnings = {"warnings": [], "configWarnings": [{"message": w} for w in parsed.warnings]}
         if experiment is None:
-            return {"experiment": None, "config": parsed.config, "warnings": warnings}
+            return {"experiment": None, "config": parsed.config, **warnings}
         answer = {
             "experiment": convert.experiment_to_api(experiment, principal.username, []),
             "config": parsed.config,
-            "warnings": warnings,
+            **warnings,
         }
     notify.changed()  # after the commit: the loop reads committed state
     return answer

@@ -1,15 +1,24 @@
-"""The master's own configuration (admins): ``GET /api/v1/master/config``, as Determined's ``det master config``."""
+"""The master itself (admins): ``GET /api/v1/master/config``, as Determined's ``det master config``, and
+``GET /api/v1/master/logs``, as ``det master logs``."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
 
 from hpc_master.api.deps import State, UserPrincipal
+from hpc_master.master_log import MASTER_LOG, MasterLog
 from hpc_master.services.master_config import effective_config
 
 router = APIRouter(prefix="/api/v1", tags=["master"])
+
+FOLLOW_POLL_S = 0.25
+MAX_LOG_ENTRIES = 1_000_000  # the largest limit or |offset| accepted (the ring holds 10,000)
 
 
 @router.get("/master/config")
@@ -18,3 +27,40 @@ async def get_master_config(state: State, principal: UserPrincipal) -> dict[str,
     masked. Admins only: it names the database, the storage paths and the cluster's pools."""
     principal.require_admin()
     return {"config": effective_config(state.config)}
+
+
+@router.get("/master/logs")
+async def master_logs(
+    request: Request,
+    principal: UserPrincipal,
+    follow: bool = False,
+    limit: Annotated[int, Query(ge=0, le=MAX_LOG_ENTRIES)] = 0,
+    offset: Annotated[int, Query(ge=-MAX_LOG_ENTRIES, le=MAX_LOG_ENTRIES)] = 0,
+) -> StreamingResponse:
+    """The master's recent log entries (the last 10,000, from memory), newline-delimited
+    ``{"result": {"logEntry": {id, level, message, timestamp}}}`` as Determined's ``MasterLogs``. ``offset``
+    skips that many (negative: only that many from the end), ``limit`` caps them (0: all); ``follow=true``
+    keeps the stream open for new entries until the limit or the client goes. Admins only."""
+    principal.require_admin()
+    ring: MasterLog = getattr(request.app.state, "master_log", MASTER_LOG)
+
+    def lines(entries: list[Any]) -> bytes:
+        return "".join(json.dumps({"result": {"logEntry": e.to_api()}}) + "\n" for e in entries).encode()
+
+    async def stream() -> AsyncIterator[bytes]:
+        first = ring.read(offset=offset, limit=limit)
+        sent = len(first)
+        last = first[-1].id if first else ring.last_id()
+        if first:
+            yield lines(first)
+        while follow and not (limit and sent >= limit):
+            await asyncio.sleep(FOLLOW_POLL_S)
+            if await request.is_disconnected():
+                return
+            new = ring.read(after_id=last, limit=limit - sent if limit else 0)
+            if new:
+                sent += len(new)
+                last = new[-1].id
+                yield lines(new)
+
+    return StreamingResponse(stream(), media_type="application/x-ndjson")

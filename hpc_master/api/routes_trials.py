@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
+from pydantic import StringConstraints
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from hpc_master.api import convert
-from hpc_master.api.bounds import Id, Limit, Offset
+from hpc_master.api.bounds import Count32, Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel
+from hpc_master.errors import ClientError
 from hpc_master.services import experiments as exps
 from hpc_master.services import logs, notify
 from hpc_master.services import metrics as metric_svc
@@ -81,15 +85,80 @@ def validation_metrics(trial_id: Id, state: State, principal: UserPrincipal) -> 
     return _metrics(state, trial_id, "validation", 0, 0)
 
 
+class LogOrder(enum.StrEnum):
+    UNSPECIFIED = "ORDER_BY_UNSPECIFIED"
+    ASC = "ORDER_BY_ASC"
+    DESC = "ORDER_BY_DESC"
+
+
+MAX_FILTER_VALUES = 1024
+FilterValues = Annotated[
+    list[Annotated[str, StringConstraints(max_length=256)]], Query(max_length=MAX_FILTER_VALUES)
+]
+
+
+def _refuse_unsupported(**given: object) -> None:
+    """Determined's filters that our logs cannot answer: refused, naming the parameter, not ignored."""
+    why = {
+        "agentIds": "which node wrote each line",
+        "containerIds": "which container wrote each line",
+        "timestampBefore": "a time for each line",
+        "timestampAfter": "a time for each line",
+    }
+    for field, value in given.items():
+        if value:
+            raise ClientError(
+                f"this master cannot filter trial logs by {field}: its logs are the Slurm job's output files, "
+                f"which do not record {why[field]} (docs/determined-client.md)",
+                code="not_supported",
+                field=field,
+            )
+
+
 @router.get("/trials/{trial_id}/logs")
 async def trial_logs(
-    trial_id: Id, state: State, principal: UserPrincipal, follow: bool = False
+    trial_id: Id,
+    state: State,
+    principal: UserPrincipal,
+    follow: bool = False,
+    limit: Limit = 0,
+    order_by: Annotated[LogOrder, Query(alias="orderBy")] = LogOrder.UNSPECIFIED,
+    rank_ids: Annotated[list[Count32], Query(alias="rankIds", max_length=MAX_FILTER_VALUES)] = [],  # noqa: B006
+    levels: Annotated[list[logs.LogLevel], Query(max_length=16)] = [],  # noqa: B006
+    stdtypes: FilterValues = [],  # noqa: B006
+    sources: FilterValues = [],  # noqa: B006
+    agent_ids: Annotated[FilterValues, Query(alias="agentIds")] = [],  # noqa: B006
+    container_ids: Annotated[FilterValues, Query(alias="containerIds")] = [],  # noqa: B006
+    timestamp_before: Annotated[str | None, Query(alias="timestampBefore", max_length=64)] = None,
+    timestamp_after: Annotated[str | None, Query(alias="timestampAfter", max_length=64)] = None,
+    search_text: Annotated[str, Query(alias="searchText", max_length=1024)] = "",
+    enable_regex: Annotated[bool, Query(alias="enableRegex")] = False,
 ) -> StreamingResponse:
-    """Newline-delimited JSON, one ``{"result": {...}}`` per line (Determined's streaming shape).
+    """Newline-delimited JSON, one ``{"result": {...}}`` per line: Determined's ``TrialLogs`` stream, whose
+    entries ``services.logs`` describes.
 
     With ``follow=true`` the stream stays open, sending appended lines, until the trial is terminal. Logs
-    are the owner's and admins' only (scripts print what they would not put in a metric).
+    are the owner's and admins' only (scripts print what they would not put in a metric). Determined's
+    parameters: ``limit`` (at most that many lines; with ``orderBy=ORDER_BY_DESC`` the last ones, newest
+    first, as its client's ``--tail`` asks), ``rankIds``, ``levels``, ``stdtypes``, ``sources`` and
+    ``searchText`` (a substring) filter; ``agentIds``, ``containerIds``, ``timestampBefore/After`` and
+    ``enableRegex`` are refused with a message, as the files do not record what they filter on.
     """
+    _refuse_unsupported(
+        agentIds=agent_ids, containerIds=container_ids, timestampBefore=timestamp_before,
+        timestampAfter=timestamp_after,
+    )  # fmt: skip
+    if enable_regex:
+        raise ClientError(
+            "this master searches trial logs for plain text only", code="not_supported", field="enableRegex"
+        )
+    tail = order_by == LogOrder.DESC
+    if tail and follow:
+        raise ClientError("a log stream that follows cannot be read newest first", field="orderBy")
+    wanted = logs.LogFilter(
+        rank_ids=frozenset(rank_ids), levels=frozenset(levels) - {logs.LogLevel.UNSPECIFIED},
+        stdtypes=frozenset(stdtypes), sources=frozenset(sources), search_text=search_text,
+    )  # fmt: skip
 
     def snapshot() -> tuple[list[logs.LogSource], bool]:
         with state.tx() as session:
@@ -100,19 +169,38 @@ async def trial_logs(
             done = trial.state in TERMINAL_TRIAL_STATES and live_run_of(session, trial_id) is None
             return logs.log_sources(session, trial_id), done
 
-    sources, done = await run_in_threadpool(snapshot)  # 404 before the stream starts
+    sources_, done = await run_in_threadpool(snapshot)  # 404 before the stream starts
+
+    def encode(lines: Iterable[dict[str, object]]) -> bytes:
+        return "".join(json.dumps({"result": line}) + "\n" for line in lines).encode()
 
     async def stream() -> AsyncIterator[bytes]:
         cursor = logs.LogCursor(offsets={})
-        nonlocal sources, done
+        nonlocal sources_, done
+        sent = 0
+        last: deque[dict[str, object]] = deque(maxlen=limit if limit > 0 else None)
         while True:
             final = done or not follow
-            lines = await run_in_threadpool(logs.read_new_lines, trial_id, sources, cursor, final=final)
-            if lines:
-                yield "".join(json.dumps({"result": line}) + "\n" for line in lines).encode()
+            lines, more = await run_in_threadpool(
+                logs.read_new_lines, trial_id, sources_, cursor, final=final
+            )
+            lines = [line for line in lines if wanted.matches(line)]
+            if tail:
+                last.extend(lines)
+            elif lines:
+                if limit > 0:
+                    lines = lines[: limit - sent]
+                sent += len(lines)
+                yield encode(lines)
+                if limit > 0 and sent >= limit:
+                    return
+            if more:
+                continue
             if final:
+                if tail:
+                    yield encode(reversed(last))
                 return
             await asyncio.sleep(LOG_POLL_INTERVAL_S)
-            sources, done = await run_in_threadpool(snapshot)
+            sources_, done = await run_in_threadpool(snapshot)
 
     return StreamingResponse(stream(), media_type="application/x-ndjson")

@@ -186,15 +186,6 @@ class PatchCheckpointStorage(ApiModel):
     save_trial_latest: Count32 | None = None
 
 
-class PatchExperimentRequest(ApiModel):
-    """Determined's ``v1PatchExperiment``: the fields this master changes (others are ignored)."""
-
-    id: Id | None = None
-    name: str | None = Field(default=None, min_length=1, max_length=512)
-    description: str | None = Field(default=None, max_length=10_000)
-    checkpoint_storage: PatchCheckpointStorage | None = None
-
-
 # ---------------------------------------------------------------- the model registry (Determined's fields)
 
 MAX_METADATA_BYTES = 64 * 1024
@@ -240,6 +231,29 @@ LongText = Annotated[str, Field(max_length=10_000), AfterValidator(_no_nul)]
 Notes = Annotated[str, Field(max_length=100_000), AfterValidator(_no_nul)]
 Label = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_no_nul)]
 Labels = Annotated[list[Label], Field(max_length=MAX_LABELS)]
+
+
+class PatchResources(ApiModel):
+    """Determined's ``PatchExperiment.PatchResources``: stored in the config's ``resources`` (the bounds of
+    ``expconf.resources``). A field sent as ``null`` goes back to its default (``det e set max-slots ID none``:
+    no limit); a field left out keeps its value."""
+
+    max_slots: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
+    priority: Annotated[int, Field(ge=1, le=99)] | None = None
+    weight: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = None
+
+
+class PatchExperimentRequest(ApiModel):
+    """Determined's ``v1PatchExperiment``. hpc-det keeps no experiment notes: ``notes`` other than empty (what
+    Determined's CLI sends back with every change it makes) is refused."""
+
+    id: Id | None = None
+    name: str | None = Field(default=None, min_length=1, max_length=512)
+    description: str | None = Field(default=None, max_length=10_000)
+    labels: Labels | None = None
+    notes: str | None = Field(default=None, max_length=100_000)
+    checkpoint_storage: PatchCheckpointStorage | None = None
+    resources: PatchResources | None = None
 
 
 class PostModelRequest(ApiModel):

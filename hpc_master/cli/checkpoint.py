@@ -125,32 +125,37 @@ def candidate_dirs(uuid: str, experiment_config: dict[str, Any]) -> list[Path]:
 
 
 def _download(args: argparse.Namespace) -> int:
-    session = session_from_args(args)
-    c = _get(session, args.uuid)
+    download(session_from_args(args), args.uuid, args.output_dir, quiet=args.quiet)
+    return 0
+
+
+def download(session: Session, uuid: str, output_dir: Path | None, *, quiet: bool = False) -> Path:
+    """Copy checkpoint `uuid` from the shared filesystem to `output_dir` (default ``checkpoints/UUID``)."""
+    c = _get(session, uuid)
     if state(c.get("state")) in ("DELETED", "PARTIALLY_DELETED"):
-        raise ClientError(f"checkpoint {args.uuid} is {state(c.get('state'))}; its files are gone")
+        raise ClientError(f"checkpoint {uuid} is {state(c.get('state'))}; its files are gone")
     training = c.get("training") or {}
     config: dict[str, Any] = training.get("experimentConfig") or {}
     if not config and training.get("experimentId") is not None:  # a master that does not send it
         experiment = session.call("GET", f"/api/v1/experiments/{training['experimentId']}")["experiment"]
         config = experiment.get("config") or {}
-    candidates = candidate_dirs(args.uuid, config)
+    candidates = candidate_dirs(uuid, config)
     source = next((p for p in candidates if p.is_dir()), None)
     if source is None:
         tried = ", ".join(str(p) for p in candidates)
         raise ClientError(
-            f"checkpoint {args.uuid} is not readable on this machine (looked in {tried}); the master cannot "
+            f"checkpoint {uuid} is not readable on this machine (looked in {tried}); the master cannot "
             "stream checkpoint files yet: run this where the checkpoint storage is mounted"
         )
-    target: Path = args.output_dir or Path("checkpoints") / args.uuid
+    target: Path = output_dir or Path("checkpoints") / uuid
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ClientError(f"{target} already exists and is not an empty directory")
     copy_checkpoint(source, target, c.get("resources") or {}, c.get("metadata") or {})
-    if args.quiet:
+    if quiet:
         print(target)
     else:
-        print(f"Downloaded checkpoint {args.uuid} to {target}")
-    return 0
+        print(f"Downloaded checkpoint {uuid} to {target}")
+    return target
 
 
 def copy_checkpoint(source: Path, target: Path, resources: dict[str, Any], metadata: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from hpc_master.cli import _follow, experiment_set
+from hpc_master.cli import _follow, experiment_definition, experiment_set
 from hpc_master.cli._client import UPLOAD_CHUNK_BYTES, Session, session_from_args
 from hpc_master.cli._context import check_size, human_size, plan_context, read_context, warn_skipped
 from hpc_master.cli._output import add_format_flags, emit, key_values, print_json, print_table, state
@@ -88,6 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=_wait)
 
     experiment_set.register(exp_sub)
+    experiment_definition.register(exp_sub)
 
 
 # ---------------------------------------------------------------- create
@@ -206,7 +207,8 @@ def _create(args: argparse.Namespace) -> int:
     headers = {"Content-Type": "application/json", "Content-Length": str(len(body))}
     response = session.call("POST", "/api/v1/experiments", content=chunks, headers=headers)
     uploading.finish()
-    for warning in response.get("warnings") or []:
+    # `configWarnings`: the master's own (Determined's `warnings` holds only its fixed enum values).
+    for warning in [*(response.get("configWarnings") or []), *(response.get("warnings") or [])]:
         message = warning.get("message") if isinstance(warning, dict) else warning
         if message and message not in warnings:
             print(f"Warning: {message}", file=sys.stderr)

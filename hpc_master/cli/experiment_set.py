@@ -44,6 +44,18 @@ def register(exp_sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     n.add_argument("name")
     n.set_defaults(func=_patch_field, field="name")
 
+    # Determined's `det e set priority|weight|max-slots`: the experiment's `resources`, applied to its trials'
+    # Slurm jobs (docs/priority.md); max-slots "none" lifts the cap.
+    for attribute, kind, what in (
+        ("priority", _priority, "scheduling priority (1 highest … 99 lowest; Determined's default 42)"),
+        ("weight", _weight, "fair-share weight"),
+        ("max-slots", _max_slots, "most slots (GPUs) the experiment's trials use at once, or 'none'"),
+    ):
+        r = set_sub.add_parser(attribute, help=f"set the experiment's {what}")
+        r.add_argument("experiment_id", metavar="ID", type=int)
+        r.add_argument("value", metavar=attribute.upper().replace("-", "_"), type=kind)
+        r.set_defaults(func=_patch_resources, field=attribute)
+
 
 def _count(text: str) -> int:
     try:
@@ -118,4 +130,36 @@ def _patch_field(args: argparse.Namespace) -> int:
     value = getattr(args, args.field)
     session.call("PATCH", f"/api/v1/experiments/{args.experiment_id}", json={args.field: value})
     print(f"Set the {args.field} of experiment {args.experiment_id} to {value!r}")
+    return 0
+
+
+def _priority(text: str) -> int:
+    value = _count(text)
+    if not 1 <= value <= 99:
+        raise argparse.ArgumentTypeError(f"a priority is 1 (highest) to 99 (lowest), got {value}")
+    return value
+
+
+def _weight(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value <= 1e6:
+        raise argparse.ArgumentTypeError(f"a weight is 0 to 1,000,000, got {text}")
+    return value
+
+
+def _max_slots(text: str) -> int | None:
+    return None if text.strip().lower() == "none" else _count(text)
+
+
+RESOURCE_FIELDS = {"priority": "priority", "weight": "weight", "max-slots": "maxSlots"}
+
+
+def _patch_resources(args: argparse.Namespace) -> int:
+    session = session_from_args(args)
+    body = {"resources": {RESOURCE_FIELDS[args.field]: args.value}}
+    session.call("PATCH", f"/api/v1/experiments/{args.experiment_id}", json=body)
+    print(f"Set `{args.field.replace('-', '_')}` of experiment {args.experiment_id} to {args.value}")
     return 0

@@ -1,12 +1,17 @@
 """`det master info`: the master's version and identity (no login needed); `det master config`: its effective
-configuration, secrets masked (admins)."""
+configuration, secrets masked (admins); `det master logs`: its recent log (admins); `det version`: this client's
+version and the master's."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from importlib.metadata import PackageNotFoundError, version
 
 from hpc_master.cli._client import session_from_args
 from hpc_master.cli._output import key_values, print_json
+from hpc_master.errors import ClientError, DetError, ServerError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -25,6 +30,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     form.add_argument("-o", "--output", choices=("yaml", "json"), help="output format (as Determined's CLI)")
     p.set_defaults(func=_config, output="yaml")
+    p = master_sub.add_parser("logs", help="the master's recent log (admins only)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new entries")
+    p.add_argument("--tail", type=int, metavar="N", help="only the last N entries")
+    p.set_defaults(func=_logs)
+
+    p = sub.add_parser("version", help="this client's version and the master's")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_version)
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -45,4 +58,48 @@ def _config(args: argparse.Namespace) -> int:
         import yaml
 
         print(yaml.safe_dump(config, sort_keys=False, default_flow_style=False), end="")
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    if args.tail is not None and args.tail < 1:
+        raise ClientError("--tail takes a number of entries, 1 or more")
+    params: dict[str, str | int] = {"follow": "true" if args.follow else "false"}
+    if args.tail:
+        params["offset"] = -args.tail
+    with session_from_args(args).stream_lines("/api/v1/master/logs", params) as lines:
+        for raw in lines:
+            if not raw.strip():
+                continue
+            item = json.loads(raw)
+            if "error" in item:
+                raise ServerError(f"the log stream failed: {item['error']}")
+            entry = item["result"]["logEntry"]
+            level = str(entry.get("level", "")).removeprefix("LOG_LEVEL_")
+            print(f"{entry['timestamp']} [{level}]: {entry['message']}", flush=True)
+    return 0
+
+
+def client_version() -> str:
+    try:
+        return version("hpc-det")
+    except PackageNotFoundError:  # a checkout run without installing it
+        return "unknown (not installed)"
+
+
+def _version(args: argparse.Namespace) -> int:
+    """As Determined's ``det version``: the client's version, the master's info and address (YAML or JSON)."""
+    session = session_from_args(args)
+    info: dict[str, object] = {"client": {"version": client_version()}, "master": {}, "master_address": ""}
+    try:
+        info["master"] = session.call("GET", "/api/v1/master", auth=False)
+    except DetError as err:  # say so, and still print the client's
+        print(f"Master not found at {session.master}: {err}", file=sys.stderr)
+    info["master_address"] = session.master
+    if args.json:
+        print_json(info)
+    else:
+        import yaml
+
+        print(yaml.safe_dump(info, sort_keys=False, default_flow_style=False), end="")
     return 0

@@ -1,14 +1,16 @@
-"""`det trial` (alias `t`): describe (with metrics), logs (follow, per rank), kill."""
+"""`det trial` (alias `t`): describe (with metrics), logs (follow, per rank), kill, download a checkpoint."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+from pathlib import Path
 from typing import Any
 
-from hpc_master.cli import _follow
+from hpc_master.cli import _follow, checkpoint
 from hpc_master.cli._client import session_from_args
 from hpc_master.cli._output import add_format_flags, key_values, print_json, print_table, state
+from hpc_master.errors import ClientError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -32,6 +34,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = trial_sub.add_parser("kill", help="kill a trial (its Slurm job is cancelled)")
     p.add_argument("trial_id", metavar="ID", type=int)
     p.set_defaults(func=_kill)
+
+    p = trial_sub.add_parser("download", help="download one of the trial's checkpoints (Determined's flags)")
+    p.add_argument("trial_id", metavar="ID", type=int)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--best", action="store_true", help="the best by the searcher metric (or --sort-by)")
+    which.add_argument("--latest", action="store_true", help="the one of the most steps")
+    which.add_argument("--uuid", help="this checkpoint of the trial's")
+    p.add_argument("--sort-by", metavar="METRIC", help="with --best: rank by this validation metric")
+    p.add_argument(
+        "--smaller-is-better", action=argparse.BooleanOptionalAction, default=None,
+        help="with --sort-by: whether smaller values of METRIC are better (default: the searcher's)",
+    )  # fmt: skip
+    p.add_argument("-o", "--output-dir", type=Path, help="where to put it (default: checkpoints/UUID)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the path")
+    p.set_defaults(func=_download)
 
 
 # Slurm's pending reasons (and the master's own, before sbatch) that users meet most, in words.
@@ -151,4 +168,30 @@ def _logs(args: argparse.Namespace) -> int:
 def _kill(args: argparse.Namespace) -> int:
     session_from_args(args).call("POST", f"/api/v1/trials/{args.trial_id}/kill")
     print(f"Killed trial {args.trial_id}")
+    return 0
+
+
+def _download(args: argparse.Namespace) -> int:
+    session = session_from_args(args)
+    path = f"/api/v1/trials/{args.trial_id}/checkpoints"
+    if args.uuid:
+        listed = session.call("GET", path, params={"states": "STATE_COMPLETED"})["checkpoints"]
+        if args.uuid not in {c.get("uuid") for c in listed}:
+            raise ClientError(f"trial {args.trial_id} has no checkpoint {args.uuid} with its files")
+        uuid = args.uuid
+    else:
+        params: dict[str, str | int] = {"states": "STATE_COMPLETED", "limit": 1}
+        if args.latest:
+            params.update(sortByAttr="SORT_BY_BATCH_NUMBER", orderBy="ORDER_BY_DESC")
+        elif args.sort_by:
+            params["sortByMetric"] = args.sort_by
+            if args.smaller_is_better is not None:
+                params["orderBy"] = "ORDER_BY_ASC" if args.smaller_is_better else "ORDER_BY_DESC"
+        else:
+            params["sortByAttr"] = "SORT_BY_SEARCHER_METRIC"  # best first (the searcher's direction)
+        listed = session.call("GET", path, params=params)["checkpoints"]
+        if not listed:
+            raise ClientError(f"trial {args.trial_id} has no checkpoint with its files to download")
+        uuid = listed[0]["uuid"]
+    checkpoint.download(session, uuid, args.output_dir, quiet=args.quiet)
     return 0

@@ -42,6 +42,7 @@ from hpc_master.errors import ClientError, SlurmError
 from hpc_master.expconf import ExperimentConfig, parse_experiment_config
 from hpc_master.lifecycle.configs import LEAN_EXPERIMENT, ConfigKey, DerivedConfigs, config_key
 from hpc_master.lifecycle.outcomes import RunContext, classify, describe
+from hpc_master.lifecycle.priorities import Renicer, within_max_slots
 from hpc_master.lifecycle.waiting import (
     SLURM_UNAVAILABLE,
     Prepared,
@@ -156,6 +157,7 @@ class JobDriver:
         self.configs: DerivedConfigs[ExperimentConfig] = DerivedConfigs(parse_experiment_config)
         """Parsed configs by experiment: a grid of thousands of trials decodes its config once."""
         self.gate = SubmitGate(poller, limit_retry_s=limit_retry_s, clock=clock)
+        self.renicer = Renicer(config, cli, poller, clock=clock)
         self._prepared: dict[int, Prepared] = {}
 
     @contextmanager
@@ -170,7 +172,7 @@ class JobDriver:
         else (the database busy, say) is retried next tick. Returns how many jobs were submitted."""
         with self._tx() as s:
             waiting = list_waiting(s)
-            todo = [t.id for t in svc.list_trials_to_submit(s)]
+            todo = within_max_slots(s, [(t.id, t.experiment_id) for t in svc.list_trials_to_submit(s)])
         submitted = 0
         known = self._jobs_by_comment(waiting)
         for run in waiting:
@@ -192,6 +194,12 @@ class JobDriver:
 
     def slurm_unavailable(self) -> bool:
         return self.gate.slurm_unavailable()
+
+    def renice_pending(self) -> int:
+        """Pending jobs of experiments whose priority changed get their new ``--nice``."""
+        if self.slurm_unavailable():
+            return 0
+        return self.renicer.step(self._tx)
 
     def _needs_check(self, run: Waiting) -> bool:
         """Whether the run's job may exist: the master restarted before recording its job id (nothing of
@@ -380,6 +388,7 @@ class JobDriver:
             as_user=as_user,
             output_path=plan.output_path,
             limit_key=(as_user, spec.account, spec.qos, spec.partition),
+            nice=spec.nice,
         )
         self._prepared[sub.run_id] = prepared
         return prepared
@@ -417,6 +426,7 @@ class JobDriver:
             )
             return 0
         self.gate.note_submitted(prepared.limit_key)
+        self.renicer.submitted(job_id, prepared.nice)
         self._record_job(prepared.run_id, job_id, prepared.output_path)
         log.info("trial %s run %s submitted as Slurm job %s", prepared.trial_id, prepared.run_number, job_id)
         return 1

@@ -64,9 +64,18 @@ class LifecycleLoop:
             if self.jobs.poll():
                 self.drive_searchers()
             self.jobs.submit_pending()
+            self.renice_pending()
         self.collect_checkpoints()
         self.housekeeping()
         self.ticks += 1
+
+    def renice_pending(self) -> None:
+        """``det e set priority``: the experiment's jobs still pending in Slurm get their new ``--nice``."""
+        assert self.jobs is not None
+        try:
+            self.jobs.renice_pending()
+        except Exception:
+            log.exception("re-nicing pending jobs failed; retried next tick")
 
     def collect_checkpoints(self) -> None:
         """Checkpoint GC (``services.checkpoint_gc``): record the last batch's removals and start the next in

@@ -90,6 +90,8 @@ class Prepared:
     """Whose submit limit applies: (Unix account, account, QOS, partition)."""
     check_comment: bool = False
     """An earlier sbatch may have created the job (its answer was lost): look for it before submitting."""
+    nice: int | None = None
+    """The job's ``--nice`` (its experiment's priority; ``lifecycle.priorities``)."""
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime as dt
 import io
+import mimetypes
 import posixpath
 import tarfile
 from dataclasses import dataclass
 
-from hpc_master.errors import ClientError, PayloadTooLargeError
+from hpc_master.errors import ClientError, NotFoundError, PayloadTooLargeError
 
 MAX_CONTEXT_BYTES = 95 * 1024 * 1024
 REGULAR_TYPES = {0, ord(tarfile.REGTYPE), ord(tarfile.AREGTYPE or "\0")}
@@ -125,3 +127,62 @@ def pack_context(files: list[ContextFile]) -> bytes:
 def unpack_context_listing(archive: bytes) -> list[str]:
     with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
         return tar.getnames()
+
+
+def context_tree(archive: bytes) -> list[dict[str, object]]:
+    """The stored context as Determined's ``v1FileNode`` tree (``GetModelDefTree``): each directory's entries
+    by name, directories that only their files imply included."""
+    root: dict[str, dict[str, object]] = {}
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        for info in tar.getmembers():
+            if not (info.isfile() or info.isdir()):
+                continue
+            level = root
+            parts = posixpath.normpath(info.name).split("/")
+            for depth, part in enumerate(parts):
+                path = "/".join(parts[: depth + 1])
+                last = depth == len(parts) - 1
+                node = level.setdefault(part, _file_node(path, part, is_dir=True, size=0, mtime=0))
+                if last:
+                    node.update(_file_node(path, part, is_dir=info.isdir(), size=info.size, mtime=info.mtime))
+                children = node.setdefault("_children", {})
+                assert isinstance(children, dict)
+                level = children
+    return _tree_list(root)
+
+
+def _file_node(path: str, name: str, *, is_dir: bool, size: int, mtime: float) -> dict[str, object]:
+    when = dt.datetime.fromtimestamp(max(mtime, 0), tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "path": path,
+        "name": name,
+        "isDir": is_dir,
+        "contentLength": 0 if is_dir else size,
+        "contentType": "" if is_dir else (mimetypes.guess_type(name)[0] or "text/plain"),
+        "modifiedTime": when,
+    }
+
+
+def _tree_list(level: dict[str, dict[str, object]]) -> list[dict[str, object]]:
+    out = []
+    for name in sorted(level):
+        node = dict(level[name])
+        children = node.pop("_children", {})
+        if node["isDir"]:
+            assert isinstance(children, dict)
+            node["files"] = _tree_list(children)
+        out.append(node)
+    return out
+
+
+def context_file(archive: bytes, path: str) -> bytes:
+    """One regular file of the stored context, by its path there (``GetModelDefFile``); nothing outside the
+    archive is read, whatever `path` says."""
+    wanted = posixpath.normpath(path.lstrip("/")) if path else ""
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        for info in tar.getmembers():
+            if posixpath.normpath(info.name) == wanted and info.isfile():
+                extracted = tar.extractfile(info)
+                if extracted is not None:
+                    return extracted.read()
+    raise NotFoundError(f"the model definition has no file {path!r}", field="path")

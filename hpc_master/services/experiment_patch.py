@@ -1,8 +1,9 @@
-"""``PATCH /api/v1/experiments/{id}``: an experiment's name, description and checkpoint GC policy."""
+"""``PATCH /api/v1/experiments/{id}``: an experiment's name, description, labels, checkpoint GC policy and
+resources (``priority``, ``weight``, ``max_slots``); ``PUT/DELETE /experiments/{id}/labels/{label}``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import update
@@ -16,6 +17,12 @@ from hpc_master.services.experiments import can_modify
 from hpc_master.services.lifecycle import request_checkpoint_gc
 from hpc_master.services.users import Principal
 
+RESOURCE_DEFAULTS: dict[str, Any] = {"max_slots": None, "priority": None, "weight": 1.0}
+"""The config's ``resources`` fields that Determined's ``PatchExperiment`` sets, each with the value that a
+``null`` restores (``expconf.resources``'s defaults)."""
+MAX_LABELS = 100
+MAX_LABEL_CHARS = 256
+
 
 def patch_experiment(
     session: Session,
@@ -24,29 +31,43 @@ def patch_experiment(
     *,
     name: str | None = None,
     description: str | None = None,
+    labels: Sequence[str] | None = None,
     gc_policy: Mapping[str, int] | None = None,
+    resources: Mapping[str, Any] | None = None,
 ) -> ExperimentModel:
-    """Change what is given (owner or admin only). A GC policy (any of ``save_experiment_best``,
-    ``save_trial_best``, ``save_trial_latest``; the others keep their values) is written into the stored
-    config's ``checkpoint_storage``, as Determined does, and the experiment's checkpoints are collected again
-    under it (by the lifecycle loop). Nothing cached from the config reads these fields (the loop's parsed
-    configs are for jobs), so the row's version is left alone: a rename does not make the loop's step stale."""
+    """Change what is given (owner or admin only). A name, description and labels are written into the
+    stored config as well (``det e config`` shows them, as Determined's does). A GC policy (any of
+    ``save_experiment_best``, ``save_trial_best``, ``save_trial_latest``; the others keep their values) is
+    written into the config's ``checkpoint_storage``, as Determined does, and the experiment's checkpoints
+    are collected again under it (by the lifecycle loop). `resources` (``max_slots``, ``priority``,
+    ``weight``; ``None`` restores the default) are stored in the config's ``resources``. Nothing cached from
+    the config reads these fields (the loop's parsed configs are for jobs), so the row's version is left
+    alone: a rename does not make the loop's step stale."""
     experiment = session.get(ExperimentModel, experiment_id, with_for_update=True)
     if experiment is None:
         raise NotFoundError(f"experiment {experiment_id} not found")
     can_modify(principal, experiment)
     values: dict[str, Any] = {}
+    config = dict(experiment.config or {})
     if name is not None:
-        values["name"] = name
+        values["name"] = config["name"] = name
     if description is not None:
-        values["description"] = description
+        values["description"] = config["description"] = description
+    if labels is not None:
+        config["labels"] = check_labels(labels)
     policy = {k: v for k, v in (gc_policy or {}).items() if v is not None}
     if set(policy) - set(GC_FIELDS):
         raise ClientError(f"unknown GC policy fields {sorted(set(policy) - set(GC_FIELDS))}")
     if policy:
-        config = dict(experiment.config or {})
         storage = config.get("checkpoint_storage")
         config["checkpoint_storage"] = {**(storage if isinstance(storage, dict) else {}), **policy}
+    wanted = {k: RESOURCE_DEFAULTS[k] if v is None else v for k, v in (resources or {}).items()}
+    if set(wanted) - set(RESOURCE_DEFAULTS):
+        raise ClientError(f"unknown resources fields {sorted(set(wanted) - set(RESOURCE_DEFAULTS))}")
+    if wanted:
+        current = config.get("resources")
+        config["resources"] = {**(current if isinstance(current, dict) else {}), **wanted}
+    if config != (experiment.config or {}):
         values["config"] = config
     if not values:
         return experiment
@@ -57,16 +78,51 @@ def patch_experiment(
         .execution_options(synchronize_session=False)
     )
     session.refresh(experiment)
+    state = experiment.state
+    for what, changed in (("GC policy", policy), ("resources", wanted)):
+        if changed:
+            shown = ", ".join(f"{k}: {v}" for k, v in changed.items())
+            reason = f"{what} set ({shown}) by {principal.username}"
+            record_event(session, "experiment", experiment_id, state, state, reason)
     if policy:
-        shown = ", ".join(f"{k}: {v}" for k, v in policy.items())
-        state = experiment.state
-        record_event(
-            session,
-            "experiment",
-            experiment_id,
-            state,
-            state,
-            f"GC policy set ({shown}) by {principal.username}",
-        )
         request_checkpoint_gc(session, experiment_id)
     return experiment
+
+
+def check_labels(labels: Sequence[str]) -> list[str]:
+    """The labels to store: each 1 to `MAX_LABEL_CHARS` characters without NUL, duplicates dropped (first
+    kept), at most `MAX_LABELS`."""
+    out: list[str] = []
+    for label in labels:
+        if not isinstance(label, str) or not 1 <= len(label) <= MAX_LABEL_CHARS or "\0" in label:
+            raise ClientError(
+                f"a label is 1 to {MAX_LABEL_CHARS} characters, without NUL: {str(label)[:80]!r}",
+                field="labels",
+            )
+        if label not in out:
+            out.append(label)
+    if len(out) > MAX_LABELS:
+        raise ClientError(f"an experiment has at most {MAX_LABELS} labels", field="labels")
+    return out
+
+
+def labels_of(experiment: ExperimentModel) -> list[str]:
+    labels = (experiment.config or {}).get("labels")
+    return [str(label) for label in labels] if isinstance(labels, list) else []
+
+
+def change_label(
+    session: Session, principal: Principal, experiment_id: int, label: str, *, add: bool
+) -> list[str]:
+    """Add `label` (a no-op when it is there) or remove it (a no-op when it is not); the labels after."""
+    experiment = session.get(ExperimentModel, experiment_id)
+    if experiment is None:
+        raise NotFoundError(f"experiment {experiment_id} not found")
+    can_modify(principal, experiment)
+    labels = labels_of(experiment)
+    wanted = [*labels, label] if add else [x for x in labels if x != label]
+    if add:
+        check_labels([label])
+    if wanted == labels:
+        return labels
+    return labels_of(patch_experiment(session, principal, experiment_id, labels=wanted))

@@ -1,8 +1,20 @@
-"""Trial logs: read the output files recorded in the log index (no log shipping over HTTP)."""
+"""Trial logs: read the output files recorded in the log index (no log shipping over HTTP).
+
+Each line becomes Determined's ``v1TrialLogsResponse`` (``id``, ``trialId``, ``message``, ``log``, ``level``,
+``timestamp``, ``rankId``, ``stdtype``, ``source``; ``trialRunId`` too). The files carry no time or level per
+line, so: ``rankId`` comes from the ``[rank=N]`` prefix that ``launchers/wrap_rank.py`` writes, ``level`` from a
+Python-logging-style word at the start of the line (``INFO:root:...``, ``2024-01-02 10:00:00 WARNING ...``;
+INFO when there is none), ``stdtype`` from the file's stream, and ``timestamp`` is when the file had last been
+written at the time the line was read (an upper bound on the line's own time, and close to it while following).
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+import enum
+import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,70 +24,163 @@ from sqlalchemy.orm import Session
 from hpc_master.db.models import LogFileModel, TrialRunModel
 
 RANK_PREFIX = re.compile(r"^\[rank=(\d+)\] ?")
+LEVEL_WORD = re.compile(
+    r"^(?:[\d\-/:.,T+Z\[\]]+ ){0,2}\[?(TRACE|DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]?(?::|\s|$)"
+)
+"""A level word at a line's start, after at most two date or time words (``2024-05-01 10:00:00,123 ERROR``)."""
+MAX_READ_BYTES = 4 << 20
+"""At most this much of one file per read, so that a long log streams in pieces instead of being held whole."""
+
+
+class LogLevel(enum.StrEnum):
+    """Determined's ``v1LogLevel``, in increasing order."""
+
+    UNSPECIFIED = "LOG_LEVEL_UNSPECIFIED"
+    TRACE = "LOG_LEVEL_TRACE"
+    DEBUG = "LOG_LEVEL_DEBUG"
+    INFO = "LOG_LEVEL_INFO"
+    WARNING = "LOG_LEVEL_WARNING"
+    ERROR = "LOG_LEVEL_ERROR"
+    CRITICAL = "LOG_LEVEL_CRITICAL"
+
+
+_LEVEL_OF_WORD = {
+    "TRACE": LogLevel.TRACE,
+    "DEBUG": LogLevel.DEBUG,
+    "INFO": LogLevel.INFO,
+    "WARN": LogLevel.WARNING,
+    "WARNING": LogLevel.WARNING,
+    "ERROR": LogLevel.ERROR,
+    "CRITICAL": LogLevel.CRITICAL,
+    "FATAL": LogLevel.CRITICAL,
+}
 
 
 @dataclass(frozen=True)
 class LogSource:
     run_number: int
     path: Path
+    stream: str = "stdout"
 
 
 @dataclass
 class LogCursor:
-    """Where a follower is: per file, the byte offset already read; ``line_id`` counts lines emitted."""
+    """Where a follower is: per file, the byte offset already read; ``line_id`` counts lines read."""
 
     offsets: dict[str, int]
     line_id: int = 0
 
 
+@dataclass(frozen=True)
+class LogFilter:
+    """Determined's trial-log filters that a line's own fields can answer (empty: no filter)."""
+
+    rank_ids: frozenset[int] = frozenset()
+    levels: frozenset[LogLevel] = frozenset()
+    stdtypes: frozenset[str] = frozenset()
+    sources: frozenset[str] = frozenset()
+    search_text: str = ""
+
+    def matches(self, entry: dict[str, object]) -> bool:
+        if self.rank_ids and entry.get("rankId") not in self.rank_ids:
+            return False
+        if self.levels and entry.get("level") not in self.levels:
+            return False
+        if self.stdtypes and entry.get("stdtype") not in self.stdtypes:
+            return False
+        if self.sources and entry.get("source") not in self.sources:
+            return False
+        return not self.search_text or self.search_text in str(entry.get("log", ""))
+
+
 def log_sources(session: Session, trial_id: int) -> list[LogSource]:
     rows = session.execute(
-        select(TrialRunModel.run_number, LogFileModel.path)
+        select(TrialRunModel.run_number, LogFileModel.path, LogFileModel.stream)
         .join(LogFileModel, LogFileModel.trial_run_id == TrialRunModel.id)
         .where(TrialRunModel.trial_id == trial_id)
         .order_by(TrialRunModel.run_number, LogFileModel.id)
     ).all()
-    return [LogSource(run_number, Path(path)) for run_number, path in rows]
+    return [LogSource(run_number, Path(path), stream or "stdout") for run_number, path, stream in rows]
 
 
-def log_entry(trial_id: int, line_id: int, run_number: int, line: str) -> dict[str, object]:
+def line_level(text: str) -> LogLevel:
+    """The level a line names at its start (after any rank prefix), INFO when it names none."""
+    match = LEVEL_WORD.match(text)
+    return _LEVEL_OF_WORD[match.group(1)] if match else LogLevel.INFO
+
+
+def log_entry(
+    trial_id: int,
+    line_id: int,
+    run_number: int,
+    line: str,
+    *,
+    stream: str = "stdout",
+    timestamp: str | None = None,
+) -> dict[str, object]:
     match = RANK_PREFIX.match(line)
     rank = int(match.group(1)) if match else None
+    text = line.rstrip("\n")
     return {
         "id": line_id,
         "trialId": trial_id,
         "trialRunId": run_number,
         "rankId": rank,
         "message": line if line.endswith("\n") else line + "\n",
-        "log": line.rstrip("\n"),
-        "stdtype": "stdout",
+        "log": text,
+        "level": line_level(text[match.end() :] if match else text).value,
+        "timestamp": timestamp or _iso(dt.datetime.now(dt.UTC)),
+        "stdtype": stream,
         "source": "slurm",
     }
 
 
+def _iso(when: dt.datetime) -> str:
+    return when.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def read_new_lines(
-    trial_id: int, sources: list[LogSource], cursor: LogCursor, *, final: bool = False
-) -> list[dict[str, object]]:
-    """Lines appended since `cursor` (complete lines only, unless `final`), advancing the cursor."""
+    trial_id: int,
+    sources: Sequence[LogSource],
+    cursor: LogCursor,
+    *,
+    final: bool = False,
+    max_bytes: int = MAX_READ_BYTES,
+) -> tuple[list[dict[str, object]], bool]:
+    """Lines appended since `cursor`, advancing it: complete lines only, unless `final` and at a file's end.
+
+    Returns the lines and whether a file has more than `max_bytes` left (read again at once).
+    """
     out: list[dict[str, object]] = []
+    more = False
     for source in sources:
         key = str(source.path)
         start = cursor.offsets.get(key, 0)
         try:
             with source.path.open("rb") as handle:
                 handle.seek(start)
-                data = handle.read()
+                data = handle.read(max_bytes + 1)
+                written = dt.datetime.fromtimestamp(os.fstat(handle.fileno()).st_mtime, dt.UTC)
         except OSError:
             continue
+        at_end = len(data) <= max_bytes
+        if not at_end:
+            data = data[:max_bytes]
+            more = True
         if not data:
             continue
-        if not final:
+        if not (final and at_end):
             cut = data.rfind(b"\n")
             if cut < 0:
-                continue
+                if at_end:
+                    continue
+                cut = len(data) - 1  # one line longer than a read: emit it in pieces
             data = data[: cut + 1]
         cursor.offsets[key] = start + len(data)
+        stamp = _iso(written)
         for raw in data.splitlines(keepends=True):
             cursor.line_id += 1
-            out.append(log_entry(trial_id, cursor.line_id, source.run_number, raw.decode("utf-8", "replace")))
-    return out
+            text = raw.decode("utf-8", "replace")
+            out.append(log_entry(trial_id, cursor.line_id, source.run_number, text, stream=source.stream,
+                                 timestamp=stamp))  # fmt: skip
+    return out, more

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic_core import to_json
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -228,6 +228,24 @@ def query_metrics(
     )
     if limit > 0:
         stmt = stmt.limit(limit)
+    return list(session.scalars(stmt))
+
+
+def metrics_page(
+    session: Session, trial_id: int, group: str, *, after: tuple[int, int] | None, limit: int
+) -> list[MetricModel]:
+    """A trial's reports of one group by steps, at most `limit` after the (steps, id) key `after` (keyset
+    paging: a stream of pages sees each report once even while reports are added)."""
+    stmt = select(MetricModel).where(MetricModel.trial_id == trial_id, MetricModel.group == group)
+    if after is not None:
+        steps, row_id = after
+        stmt = stmt.where(
+            or_(
+                MetricModel.steps_completed > steps,
+                and_(MetricModel.steps_completed == steps, MetricModel.id > row_id),
+            )
+        )
+    stmt = stmt.order_by(MetricModel.steps_completed, MetricModel.id).limit(limit)
     return list(session.scalars(stmt))
 
 

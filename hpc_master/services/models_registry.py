@@ -38,14 +38,15 @@ from hpc_master.db.models import (
     utcnow,
 )
 from hpc_master.errors import ClientError, ConflictError, NotFoundError, PermissionDeniedError
+from hpc_master.services import workspaces
 from hpc_master.services.checkpoint_views import CheckpointView, views_by_uuid
 from hpc_master.services.lifecycle import request_checkpoint_gc
 from hpc_master.services.users import Principal
 
 NAME_MAX_CHARS = 256
-WORKSPACE_ID = 1
-WORKSPACE_NAME = "Uncategorized"
-"""Determined's default workspace: every model is in it (this master has no workspaces)."""
+WORKSPACE_ID = workspaces.DEFAULT_ID
+WORKSPACE_NAME = workspaces.DEFAULT_NAME
+"""Determined's default workspace: every model is in it (``services.workspaces``)."""
 _ID_RE = re.compile(r"[0-9]+")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 

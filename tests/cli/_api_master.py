@@ -14,10 +14,12 @@ import uvicorn
 
 from hpc_master.api.app import create_app
 from hpc_master.masterconf import load_master_config
+from hpc_master.systemd import configure_logging
 
 
 def main() -> None:
     port = int(sys.argv[1])
+    configure_logging("info")  # as det-master: to the output, and to the ring `det master logs` reads
     config = load_master_config(None, env={**os.environ, "DET_LISTEN_PORT": str(port)})
     uvicorn.run(create_app(config), host="127.0.0.1", port=port, log_level="warning")
 

@@ -228,6 +228,7 @@ def test_pool_from_master_config() -> None:
         mem_per_node_mb=16384,
         preempt_signal="SIGUSR2",
         preempt_lead_s=120,
+        priority_nice_step=10,  # the default
     )
     with pytest.raises(ConfigError, match="unknown resource pool 'nope'"):
         pool_from_master_config(master, "nope")
@@ -245,3 +246,18 @@ def test_write_run_dir(tmp_path: Path) -> None:
     assert (run_dir / run_files.SCRIPT_FILE).read_text() == plan.script
     write_run_dir(plan)  # a resubmission of the same run rewrites in place
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(plan.files())
+
+
+@pytest.mark.parametrize(
+    ("priority", "step", "line"),
+    [(None, 10, "#SBATCH --nice=410"), (1, 10, "#SBATCH --nice=0"), (99, 10, "#SBATCH --nice=980"),
+     (7, 1000, "#SBATCH --nice=6000"), (7, 0, None)],
+)  # fmt: skip
+def test_priority_becomes_nice(priority: int | None, step: int, line: str | None) -> None:
+    """Determined's priority (1 highest … 99 lowest, 42 unset) as Slurm's --nice, never negative."""
+    import dataclasses
+
+    resources = {"slots_per_trial": 1} | ({"priority": priority} if priority is not None else {})
+    plan = build(config(resources=resources), dataclasses.replace(GPU_POOL, priority_nice_step=step))
+    nice_lines = [x for x in plan.script.splitlines() if x.startswith("#SBATCH --nice")]
+    assert nice_lines == ([line] if line else [])
