@@ -42,7 +42,7 @@ from hpc_master.errors import ClientError, SlurmError
 from hpc_master.expconf import ExperimentConfig, parse_experiment_config
 from hpc_master.lifecycle.configs import LEAN_EXPERIMENT, ConfigKey, DerivedConfigs, config_key
 from hpc_master.lifecycle.outcomes import RunContext, classify, describe
-from hpc_master.lifecycle.priorities import Renicer, within_max_slots
+from hpc_master.lifecycle.priorities import KnobCache, Renicer, within_max_slots
 from hpc_master.lifecycle.waiting import (
     SLURM_UNAVAILABLE,
     Prepared,
@@ -157,7 +157,9 @@ class JobDriver:
         self.configs: DerivedConfigs[ExperimentConfig] = DerivedConfigs(parse_experiment_config)
         """Parsed configs by experiment: a grid of thousands of trials decodes its config once."""
         self.gate = SubmitGate(poller, limit_retry_s=limit_retry_s, clock=clock)
-        self.renicer = Renicer(config, cli, poller, clock=clock)
+        self.knobs = KnobCache()
+        """Each experiment's priority and max_slots, re-read only when its row changes."""
+        self.renicer = Renicer(config, cli, poller, self.knobs, clock=clock)
         self._prepared: dict[int, Prepared] = {}
 
     @contextmanager
@@ -172,7 +174,9 @@ class JobDriver:
         else (the database busy, say) is retried next tick. Returns how many jobs were submitted."""
         with self._tx() as s:
             waiting = list_waiting(s)
-            todo = within_max_slots(s, [(t.id, t.experiment_id) for t in svc.list_trials_to_submit(s)])
+            todo = within_max_slots(
+                s, self.knobs, [(t.id, t.experiment_id) for t in svc.list_trials_to_submit(s)]
+            )
         submitted = 0
         known = self._jobs_by_comment(waiting)
         for run in waiting:

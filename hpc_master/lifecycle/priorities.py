@@ -34,22 +34,70 @@ def _resources(config: Any) -> dict[str, Any]:
     return resources if isinstance(resources, dict) else {}
 
 
-def slots_left(session: Session, experiment_ids: Iterable[int]) -> dict[int, tuple[int, int]]:
-    """For each of `experiment_ids` whose config sets ``resources.max_slots``: (slots it may still start,
-    slots per trial). Slots in use are its live runs' (pending or running, in Slurm or waiting in the master)."""
-    ids = set(experiment_ids)
-    if not ids:
-        return {}
-    capped: dict[int, tuple[int, int]] = {}
-    for exp_id, config in session.execute(
-        select(ExperimentModel.id, ExperimentModel.config).where(ExperimentModel.id.in_(ids))
-    ):
-        resources = _resources(config)
-        cap, per_trial = resources.get("max_slots"), resources.get("slots_per_trial", 1)
-        if isinstance(cap, int) and isinstance(per_trial, int) and per_trial > 0:
-            capped[exp_id] = (cap, per_trial)
+@dataclass(frozen=True)
+class Knobs:
+    """What scheduling reads of an experiment's config (``resources``), which ``PATCH`` may change."""
+
+    priority: int | None
+    max_slots: int | None
+    slots_per_trial: int
+    pool: str | None
+
+
+class KnobCache:
+    """Each experiment's `Knobs`, read from its config only when its row changed (its ``version``, bumped by
+    every update, ``PATCH`` included): a tick never reads the config column of an experiment it has seen,
+    which may be megabytes (``lifecycle.configs``)."""
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self._by_id: dict[int, tuple[int, Knobs]] = {}
+        self.max_entries = max_entries
+        self.reads = 0
+
+    def get(self, session: Session, experiment_ids: Iterable[int]) -> dict[int, Knobs]:
+        ids = set(experiment_ids)
+        if not ids:
+            return {}
+        versions = dict(
+            session.execute(
+                select(ExperimentModel.id, ExperimentModel.version).where(ExperimentModel.id.in_(ids))
+            ).all()
+        )
+        stale = [i for i, v in versions.items() if self._by_id.get(i, (None,))[0] != v]
+        if stale:
+            self.reads += 1
+            rows = session.execute(
+                select(ExperimentModel.id, ExperimentModel.version, ExperimentModel.config).where(
+                    ExperimentModel.id.in_(stale)
+                )
+            )
+            for exp_id, version, config in rows:
+                r = _resources(config)
+                per_trial = r.get("slots_per_trial", 1)
+                self._by_id[exp_id] = (version, Knobs(
+                    priority=r["priority"] if isinstance(r.get("priority"), int) else None,
+                    max_slots=r["max_slots"] if isinstance(r.get("max_slots"), int) else None,
+                    slots_per_trial=per_trial if isinstance(per_trial, int) else 1,
+                    pool=r.get("resource_pool") if isinstance(r.get("resource_pool"), str) else None,
+                ))  # fmt: skip
+            if len(self._by_id) > self.max_entries:
+                for old in [i for i in self._by_id if i not in versions][
+                    : len(self._by_id) - self.max_entries
+                ]:
+                    del self._by_id[old]
+        return {i: self._by_id[i][1] for i in versions if i in self._by_id}
+
+
+def within_max_slots(session: Session, knobs: KnobCache, trials: list[tuple[int, int]]) -> list[int]:
+    """The trial ids of `trials` ((trial id, experiment id), in submission order) that fit under their
+    experiments' ``max_slots``; slots in use are the live runs' (pending or running, in Slurm or waiting in
+    the master)."""
+    capped = {
+        e: k for e, k in knobs.get(session, {e for _, e in trials}).items()
+        if k.max_slots is not None and k.slots_per_trial > 0
+    }  # fmt: skip
     if not capped:
-        return {}
+        return [t for t, _ in trials]
     live = dict(
         session.execute(
             select(TrialModel.experiment_id, func.count())
@@ -58,20 +106,13 @@ def slots_left(session: Session, experiment_ids: Iterable[int]) -> dict[int, tup
             .group_by(TrialModel.experiment_id)
         ).all()
     )
-    return {e: (cap - int(live.get(e, 0)) * per, per) for e, (cap, per) in capped.items()}
-
-
-def within_max_slots(session: Session, trials: list[tuple[int, int]]) -> list[int]:
-    """The trial ids of `trials` ((trial id, experiment id), in submission order) that fit under their
-    experiments' ``max_slots``."""
-    left = slots_left(session, {e for _, e in trials})
+    room = {e: (k.max_slots or 0) - int(live.get(e, 0)) * k.slots_per_trial for e, k in capped.items()}
     out = []
     for trial_id, exp_id in trials:
-        if exp_id in left:
-            room, per_trial = left[exp_id]
-            if room < per_trial:
+        if exp_id in room:
+            if room[exp_id] < capped[exp_id].slots_per_trial:
                 continue
-            left[exp_id] = (room - per_trial, per_trial)
+            room[exp_id] -= capped[exp_id].slots_per_trial
         out.append(trial_id)
     return out
 
@@ -86,6 +127,7 @@ class Renicer:
     config: MasterConfig
     cli: SlurmCli
     poller: Poller
+    knobs: KnobCache
     sent: dict[str, int | None] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
     _last: float | None = None
@@ -93,13 +135,9 @@ class Renicer:
     def submitted(self, job_id: str, nice: int | None) -> None:
         self.sent[job_id] = nice
 
-    def wanted(self, config: Any) -> int | None:
-        resources = _resources(config)
-        pool_name = resources.get("resource_pool") or self.config.default_resource_pool
-        pool = self.config.resource_pools.get(pool_name)
-        step = pool.priority_nice_step if pool is not None else 0
-        value = resources.get("priority")
-        return priority.nice(value if isinstance(value, int) else None, step)
+    def wanted(self, knobs: Knobs) -> int | None:
+        pool = self.config.resource_pools.get(knobs.pool or self.config.default_resource_pool)
+        return priority.nice(knobs.priority, pool.priority_nice_step if pool is not None else 0)
 
     def step(self, session_factory: Callable[[], Any], *, every_s: float = RENICE_EVERY_S) -> int:
         """Re-nice what needs it (at most every `every_s`); returns how many jobs were updated."""
@@ -109,17 +147,18 @@ class Renicer:
         self._last = now
         with session_factory() as s:
             rows = s.execute(
-                select(TrialRunModel.slurm_job_id, ExperimentModel.config)
+                select(TrialRunModel.slurm_job_id, TrialModel.experiment_id)
                 .join(TrialModel, TrialModel.id == TrialRunModel.trial_id)
-                .join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
                 .where(TrialRunModel.state == RunState.PENDING, TrialRunModel.slurm_job_id.is_not(None))
             ).all()
+            knobs = self.knobs.get(s, {e for _, e in rows}) if rows else {}
         live = {str(job) for job, _ in rows}
         for job in [j for j in self.sent if j not in live]:
             del self.sent[job]  # ended or started: forget it
         updated = 0
-        for job_id, config in rows:
-            want = self.wanted(config)
+        for job, exp_id in rows:
+            job_id = str(job)
+            want = self.wanted(knobs[exp_id]) if exp_id in knobs else None
             if want is None or (job_id in self.sent and self.sent[job_id] == want):
                 continue
             status = self.poller.status(job_id)

@@ -40,9 +40,9 @@ def patch_experiment(
     ``save_experiment_best``, ``save_trial_best``, ``save_trial_latest``; the others keep their values) is
     written into the config's ``checkpoint_storage``, as Determined does, and the experiment's checkpoints
     are collected again under it (by the lifecycle loop). `resources` (``max_slots``, ``priority``,
-    ``weight``; ``None`` restores the default) are stored in the config's ``resources``. Nothing cached from
-    the config reads these fields (the loop's parsed configs are for jobs), so the row's version is left
-    alone: a rename does not make the loop's step stale."""
+    ``weight``; ``None`` restores the default) are stored in the config's ``resources`` and bump the row's
+    version, which tells the loop to re-read them (``lifecycle.priorities``); a rename, labels or a GC
+    policy leave the version alone, so they do not make the loop's step stale."""
     experiment = session.get(ExperimentModel, experiment_id, with_for_update=True)
     if experiment is None:
         raise NotFoundError(f"experiment {experiment_id} not found")
@@ -71,6 +71,8 @@ def patch_experiment(
         values["config"] = config
     if not values:
         return experiment
+    if wanted:  # the loop re-reads priority and max_slots when the row's version moves (lifecycle.priorities)
+        values["version"] = ExperimentModel.version + 1
     session.execute(
         update(ExperimentModel)
         .where(ExperimentModel.id == experiment_id)

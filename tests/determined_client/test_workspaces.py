@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.determined_client.conftest import CONFIG, DeterminedClient, OurApi
@@ -60,3 +62,24 @@ print(json.dumps({{"workspace": [w.id, w.name], "project": p and [p.id, p.name],
         "project": [1, "Uncategorized"],
         "config": ["vision", "resnet"],
     }
+
+
+def test_master_config_and_logs_for_an_admin(determined: DeterminedClient, our_api: OurApi) -> None:
+    import httpx
+
+    name = f"root{our_api.create_user('x', PASSWORD)}"
+    body = {"user": {"username": name, "admin": True}, "password": PASSWORD}
+    r = httpx.post(f"{determined.master.url}/api/v1/users", json=body, headers=our_api.admin)
+    assert r.status_code == 200, r.text
+    admin = as_user(name)
+    r = determined.det("master", "config", "--json", env=admin)
+    assert r.rc == 0, r.err
+    assert json.loads(r.out)["db"]["url"].startswith("sqlite:///")
+    r = determined.det("master", "logs", "--tail", "3", env=admin)
+    assert r.rc == 0, r.err
+    assert len(r.out.splitlines()) == 3 and all(
+        "[LOG_LEVEL_" in line or "[INFO" in line for line in r.out.splitlines()
+    )
+    plain = as_user(our_api.create_user("plain", PASSWORD))
+    r = determined.det("master", "logs", env=plain)
+    assert r.rc != 0 and "admin" in r.err

@@ -38,6 +38,9 @@ def test_max_slots_caps_the_experiment_s_concurrent_jobs(world: World) -> None:
     assert len(world.trials(exp_id)) == 4  # the searcher wants four at once
     first = _jobs(world, exp_id)
     assert len(first) == 2  # max_slots 2 / 1 slot a trial
+    reads = world.jobs.knobs.reads
+    world.tick(times=3)  # two trials wait for room: the ticks check it without reading the config again
+    assert (len(_jobs(world, exp_id)), world.jobs.knobs.reads) == (2, reads)
     (done, _) = first
     trial_id = next(t.id for t in world.trials(exp_id) if world.job(t.id) == done)
     world.cluster.start(done)
