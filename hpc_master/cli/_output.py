@@ -45,6 +45,16 @@ def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, sort_keys=False))
 
 
+def print_document(value: Any, output: str = "yaml") -> None:
+    """A configuration-like document as YAML (keys in their order) or, with ``output="json"``, JSON."""
+    if output == "json":
+        print_json(value)
+        return
+    import yaml  # only for the commands that print YAML
+
+    print(yaml.safe_dump(value, sort_keys=False, default_flow_style=False), end="")
+
+
 def print_csv(headers: Sequence[str], rows: Sequence[Row]) -> None:
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(headers)

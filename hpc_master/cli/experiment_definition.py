@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from hpc_master.cli._client import session_from_args
-from hpc_master.cli._output import print_json
+from hpc_master.cli._output import print_document
 from hpc_master.errors import ClientError, ServerError
 
 
@@ -51,12 +51,7 @@ def _config(args: argparse.Namespace) -> int:
     config = session_from_args(args).call("GET", f"/api/v1/experiments/{args.experiment_id}")["experiment"][
         "config"
     ]
-    if args.output == "json":
-        print_json(config)
-    else:
-        import yaml
-
-        print(yaml.safe_dump(config, sort_keys=False, default_flow_style=False), end="")
+    print_document(config, args.output)
     return 0
 
 

@@ -10,7 +10,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from hpc_master.cli._client import session_from_args
-from hpc_master.cli._output import key_values, print_json
+from hpc_master.cli._output import key_values, print_document, print_json
 from hpc_master.errors import ClientError, DetError, ServerError
 
 
@@ -52,12 +52,7 @@ def _info(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace) -> int:
     config = session_from_args(args).call("GET", "/api/v1/master/config")["config"]
-    if args.output == "json":
-        print_json(config)
-    else:
-        import yaml
-
-        print(yaml.safe_dump(config, sort_keys=False, default_flow_style=False), end="")
+    print_document(config, args.output)
     return 0
 
 
@@ -96,10 +91,5 @@ def _version(args: argparse.Namespace) -> int:
     except DetError as err:  # say so, and still print the client's
         print(f"Master not found at {session.master}: {err}", file=sys.stderr)
     info["master_address"] = session.master
-    if args.json:
-        print_json(info)
-    else:
-        import yaml
-
-        print(yaml.safe_dump(info, sort_keys=False, default_flow_style=False), end="")
+    print_document(info, "json" if args.json else "yaml")
     return 0
