@@ -223,3 +223,37 @@ def python_cmd() -> list[str]:
     import sys
 
     return [sys.executable]
+
+
+def srun_per_node_cmd(
+    *,
+    module: str,
+    nnodes: int,
+    override_args: list[str],
+    script: list[str],
+    python: str = "python3",
+    extra_srun_args: list[str] | None = None,
+) -> list[str]:
+    """``srun`` one task per node, each running ``python -m MODULE --node [OVERRIDES --] SCRIPT...``: how the
+    per-node launchers (torch.distributed, DeepSpeed) start themselves from the batch script. A ``--`` goes
+    before the script when overrides precede it or it starts with a dash, so the node never misreads it."""
+    node_cmd = [python, "-m", module, "--node"]
+    if override_args:
+        node_cmd += [*override_args, "--"]
+    elif script and script[0].startswith("-"):
+        node_cmd += ["--"]
+    return [
+        "srun",
+        f"--nodes={nnodes}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        *(extra_srun_args or []),
+        *node_cmd,
+        *script,
+    ]
+
+
+def ignore_usr1() -> None:
+    """A ``preexec_fn`` for a per-node launcher (torchrun, DeepSpeed's runner): none has a SIGUSR1 handler, so
+    the signal would kill it; the ranks get it from us instead."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)

@@ -54,11 +54,13 @@ from launchers._common import (
     children_of,
     ensure_exit_dir,
     first_failure,
+    ignore_usr1,
     in_slurm_allocation,
     in_srun_step,
     node_ranks_exited_cleanly,
     run_and_report,
     split_launcher_args,
+    srun_per_node_cmd,
 )
 from launchers.torch_distributed import node_facts
 
@@ -116,20 +118,10 @@ def build_srun_cmd(
     python: str = "python3",
     extra_srun_args: list[str] | None = None,
 ) -> list[str]:
-    node_cmd = [python, "-m", "launchers.deepspeed", "--node"]
-    if override_args:
-        node_cmd += [*override_args, "--"]
-    elif script and script[0].startswith("-"):
-        node_cmd += ["--"]
-    return [
-        "srun",
-        f"--nodes={nnodes}",
-        "--ntasks-per-node=1",
-        "--kill-on-bad-exit=1",
-        *(extra_srun_args or []),
-        *node_cmd,
-        *script,
-    ]
+    return srun_per_node_cmd(
+        module="launchers.deepspeed", nnodes=nnodes, override_args=override_args, script=script, python=python,
+        extra_srun_args=extra_srun_args,
+    )  # fmt: skip
 
 
 def parse_args(args: list[str]) -> tuple[bool, list[str], list[str]]:
@@ -214,11 +206,6 @@ def node_stopped_cleanly(exit_dir: pathlib.Path, node: int, ranks: int, wait_s: 
     return True
 
 
-def _ignore_usr1() -> None:
-    # The runner and launch have no SIGUSR1 handler, so the signal would kill them; ranks get it from us.
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-
-
 def run_node(overrides: list[str], script: list[str]) -> int:
     deepspeed = deepspeed_cmd()
     nnodes, node_rank, slots, host = node_facts()
@@ -255,7 +242,7 @@ def run_node(overrides: list[str], script: list[str]) -> int:
                 os.kill(pid, sig)
 
     seen: list[int] = []
-    rc = run_and_report(cmd, exit_dir, on_signal=on_signal, preexec_fn=_ignore_usr1, signals_seen=seen)
+    rc = run_and_report(cmd, exit_dir, on_signal=on_signal, preexec_fn=ignore_usr1, signals_seen=seen)
     stopped_by = [s for s in seen if s in STOP_SIGNALS]
     if rc != 0 and stopped_by and node_stopped_cleanly(exit_dir, node_rank, slots, STOP_WAIT_S):
         name = signal.Signals(stopped_by[0]).name

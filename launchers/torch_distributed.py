@@ -35,11 +35,13 @@ from launchers._common import (
     STOP_SIGNALS,
     children_of,
     ensure_exit_dir,
+    ignore_usr1,
     in_slurm_allocation,
     in_srun_step,
     node_ranks_exited_cleanly,
     run_and_report,
     split_launcher_args,
+    srun_per_node_cmd,
 )
 
 C10D_PORT_BASE = 29400
@@ -93,20 +95,10 @@ def build_srun_cmd(
     python: str = "python3",
     extra_srun_args: list[str] | None = None,
 ) -> list[str]:
-    node_cmd = [python, "-m", "launchers.torch_distributed", "--node"]
-    if override_args:
-        node_cmd += [*override_args, "--"]
-    elif script and (script[0] == "--" or script[0].startswith("-")):
-        node_cmd += ["--"]
-    return [
-        "srun",
-        f"--nodes={nnodes}",
-        "--ntasks-per-node=1",
-        "--kill-on-bad-exit=1",
-        *(extra_srun_args or []),
-        *node_cmd,
-        *script,
-    ]
+    return srun_per_node_cmd(
+        module="launchers.torch_distributed", nnodes=nnodes, override_args=override_args, script=script, python=python,
+        extra_srun_args=extra_srun_args,
+    )  # fmt: skip
 
 
 def parse_args(args: list[str]) -> tuple[bool, list[str], list[str]]:
@@ -157,11 +149,6 @@ def _torchrun() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
 
 
-def _ignore_usr1() -> None:
-    # torchrun has no SIGUSR1 handler, so the signal would kill it; ranks get it from us instead.
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-
-
 def run_node(overrides: list[str], script: list[str]) -> int:
     nnodes, node_rank, slots, host = node_facts()
     os.environ["DET_CHIEF_IP"] = host if nnodes > 1 else os.environ.get("DET_CHIEF_IP", "127.0.0.1")
@@ -185,7 +172,7 @@ def run_node(overrides: list[str], script: list[str]) -> int:
                 os.kill(pid, signum)
 
     seen: list[int] = []
-    rc = run_and_report(cmd, exit_dir, on_signal=on_signal, preexec_fn=_ignore_usr1, signals_seen=seen)
+    rc = run_and_report(cmd, exit_dir, on_signal=on_signal, preexec_fn=ignore_usr1, signals_seen=seen)
     stopped_by = [s for s in seen if s in STOP_SIGNALS]
     if rc != 0 and stopped_by and node_ranks_exited_cleanly(exit_dir, node_rank, slots):
         name = signal.Signals(stopped_by[0]).name

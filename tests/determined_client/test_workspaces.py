@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 
@@ -67,7 +68,7 @@ print(json.dumps({{"workspace": [w.id, w.name], "project": p and [p.id, p.name],
 def test_master_config_and_logs_for_an_admin(determined: DeterminedClient, our_api: OurApi) -> None:
     import httpx
 
-    name = f"root{our_api.create_user('x', PASSWORD)}"
+    name = f"root{uuid.uuid4().hex[:8]}"
     body = {"user": {"username": name, "admin": True}, "password": PASSWORD}
     r = httpx.post(f"{determined.master.url}/api/v1/users", json=body, headers=our_api.admin)
     assert r.status_code == 200, r.text

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,3 +113,19 @@ def wait_job_done(job_id: str, timeout_s: float = 120) -> str:
     return str(
         wait_for(lambda: job_state(job_id) in terminal and job_state(job_id), timeout_s, f"job {job_id}")
     )
+
+
+def up_args(record: dict[str, Any]) -> list[str]:
+    """``det deploy local up`` arguments that bring back the cluster `record` (its state file) describes."""
+    from local_cluster.spec import LocalClusterSpec
+
+    spec = LocalClusterSpec.from_json(record["spec"])
+    args = [
+        "deploy", "local", "up", "--no-install",
+        "--nodes", str(spec.nodes), "--gpus-per-node", str(spec.gpus_per_node),
+        "--cpus-per-node", str(spec.cpus_per_node), "--mem-per-node-mb", str(spec.mem_per_node_mb),
+        "--gpu-type", spec.gpu_type,
+    ]  # fmt: skip
+    for user in record["created_users"]:
+        args += ["--create-user", user]
+    return args

@@ -10,13 +10,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from local_cluster import hosts, system
 from local_cluster.spec import LocalClusterSpec, get_state_dir
-from tests.slurm.fixtures import Researcher
+from tests.slurm.fixtures import Researcher, up_args
 
 pytestmark = pytest.mark.slurm
 DET = [sys.executable, "-m", "hpc_master.cli.main"]
@@ -41,20 +40,6 @@ def test_up_twice_says_already_up(researcher: Researcher) -> None:
     assert "already up" in proc.stderr
 
 
-def _up_args(record: dict[str, Any]) -> list[str]:
-    """`det deploy local up` bringing back the cluster that `record` (its state file) describes."""
-    spec = LocalClusterSpec.from_json(record["spec"])
-    args = [
-        "deploy", "local", "up", "--no-install",
-        "--nodes", str(spec.nodes), "--gpus-per-node", str(spec.gpus_per_node),
-        "--cpus-per-node", str(spec.cpus_per_node), "--mem-per-node-mb", str(spec.mem_per_node_mb),
-        "--gpu-type", spec.gpu_type,
-    ]  # fmt: skip
-    for user in record["created_users"]:
-        args += ["--create-user", user]
-    return args
-
-
 def test_a_stale_cluster_is_reported_and_up_starts_it_afresh(researcher: Researcher) -> None:
     """A state file whose daemons are gone (a restarted machine, one restored from a disk image) is not 'up'."""
     record = json.loads((get_state_dir() / "state.json").read_text())
@@ -68,7 +53,7 @@ def test_a_stale_cluster_is_reported_and_up_starts_it_afresh(researcher: Researc
     )
     assert json.loads(det("deploy", "local", "status", "--json").stdout)["healthy"] is False
 
-    again = det(*_up_args(record))
+    again = det(*up_args(record))
     assert again.returncode == 0, again.stderr
     assert "is stale" in again.stderr
     assert det("deploy", "local", "status").returncode == 0
@@ -98,7 +83,7 @@ def test_down_leaves_nothing_behind_and_up_works_again(researcher: Researcher) -
         for user in record["created_users"]:
             assert subprocess.run(["id", user], capture_output=True, check=False).returncode != 0
     finally:
-        again = det(*_up_args(record))
+        again = det(*up_args(record))
     assert again.returncode == 0, again.stderr
     status = json.loads(det("deploy", "local", "status", "--json").stdout)
     assert status["up"] and status["slurmd_running"] == spec.nodes

@@ -25,7 +25,7 @@ import pytest
 
 from local_cluster import cleanup, system
 from local_cluster.spec import LocalClusterSpec, get_state_dir
-from tests.slurm.fixtures import REPO, Researcher
+from tests.slurm.fixtures import REPO, Researcher, up_args
 
 pytestmark = pytest.mark.slurm
 DET = [sys.executable, "-m", "hpc_master.cli.main"]
@@ -85,7 +85,6 @@ def home_of(name: str) -> Path:
 @pytest.fixture()
 def scratch(researcher: Researcher) -> Iterator[Scratch]:
     session_record = json.loads((get_state_dir() / "state.json").read_text())
-    session = LocalClusterSpec.from_json(session_record["spec"])
     proc = run([*DET, "deploy", "local", "down"], {})
     assert proc.returncode == 0, proc.stderr
     top = Path(f"/var/lib/hpc-det-test-{uuid.uuid4().hex[:8]}")
@@ -99,15 +98,7 @@ def scratch(researcher: Researcher) -> Iterator[Scratch]:
         for name in s.users:
             subprocess.run(["userdel", name], capture_output=True, check=False)
             shutil.rmtree(home_of(name), ignore_errors=True)
-        args = [
-            "deploy", "local", "up", "--no-install",
-            "--nodes", str(session.nodes), "--gpus-per-node", str(session.gpus_per_node),
-            "--cpus-per-node", str(session.cpus_per_node), "--mem-per-node-mb", str(session.mem_per_node_mb),
-            "--gpu-type", session.gpu_type,
-        ]  # fmt: skip
-        for user in session_record["created_users"]:
-            args += ["--create-user", user]
-        again = run([*DET, *args], {})
+        again = run([*DET, *up_args(session_record)], {})
         assert again.returncode == 0, again.stderr
 
 
