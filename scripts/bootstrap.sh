@@ -43,7 +43,17 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     # The CPU build of torch lies on this machine's disk; ask for it by exact version first so that the
     # `torch>=` range of the extra is already satisfied and no CUDA build is downloaded.
     "${PIP[@]}" install torch==2.13.0 &&
-    "${PIP[@]}" install -e '.[dev,bench,mpi,torch,examples]'
+    "${PIP[@]}" install -e '.[dev,bench,mpi,torch,examples]' &&
+    # DeepSpeed (the `deepspeed` extra) builds against the torch above (no build isolation: an isolated build
+    # would fetch the newest CUDA torch), with its CPU shared-memory collective op compiled now (~50 s) rather
+    # than by each user's first job: a job killed during that JIT build leaves a lock in
+    # ~/.cache/torch_extensions that makes every later DeepSpeed job of that user wait forever.
+    # No wheel cache: a cached wheel may have been built without the op.
+    deepspeed_req=$("$VENV/bin/python" -c 'import tomllib
+print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["deepspeed"][0])') &&
+    DS_ACCELERATOR=cpu DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 \
+      "${PIP[@]}" install --no-build-isolation --no-cache-dir "$deepspeed_req" &&
+    "$VENV/bin/python" -c 'from deepspeed.git_version_info import installed_ops as o; assert o["deepspeed_shm_comm"]'
   } >"$VENV/bootstrap.log" 2>&1 || { tail -40 "$VENV/bootstrap.log"; echo "bootstrap: pip failed" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -220,6 +221,13 @@ def job_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         }
     )
     monkeypatch.setattr(deepspeed.importlib.util, "find_spec", lambda name: None)
+    # The real DeepSpeed next to this Python (scripts/bootstrap.sh installs it) must not win over the fake.
+    real_which, venv_bin = shutil.which, os.path.dirname(sys.executable)
+    monkeypatch.setattr(
+        deepspeed.shutil,
+        "which",
+        lambda cmd, path=None: None if path == venv_bin else real_which(cmd, path=path),
+    )
     try:
         yield tmp_path
     finally:
