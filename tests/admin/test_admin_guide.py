@@ -2,7 +2,8 @@
 researcher's experiment on the local Slurm cluster, backed up, upgraded (restarted) and read in the logs.
 
 The convention (``docs/admin.md`` explains it to readers): a fenced block ``bash test`` is run as root, one
-``bash test researcher`` as the cluster's researcher account, and ``bash manual`` is not run (it installs
+``bash test researcher`` as the cluster's researcher account (the page's ``alice``), one
+``bash test researcher bob`` as a second account this test creates (``bob``), and ``bash manual`` is not run (it installs
 packages or system accounts); every shell block must be one of these, and the manual ones are listed here, so a
 new untested command fails the fast test. The blocks run in one bash session (``set -euo pipefail``), with:
 
@@ -46,7 +47,7 @@ from .conftest import pg_server_url
 
 GUIDE = REPO / "docs" / "admin.md"
 SHELLS = {"bash", "sh", "shell", "console"}
-MARKS = {("test",), ("test", "researcher"), ("manual",)}
+MARKS = {("test",), ("test", "researcher"), ("test", "researcher", "bob"), ("manual",)}
 MANUAL = {
     "python3 -m venv /opt/hpc-det/.venv": "installs the software (the test runs the checkout it is in)",
     "git -C /opt/hpc-det pull": "updates the software",
@@ -56,6 +57,8 @@ MANUAL = {
 IMAGE = "docker://pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime"
 CA_FILE = "/usr/local/share/ca-certificates/hpc-det.crt"
 SHARED_TEST_ROOT = Path(os.environ.get("DET_TEST_SHARED_DIR", "/var/tmp/hpc-det-tests"))
+BOB = "detguidebob"
+"""The page's second researcher: a Unix account made for the test (the page adds its Slurm association)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,7 @@ class Scratch:
     id: str
     root: Path
     researcher: pwd.struct_passwd
+    bob: pwd.struct_passwd
     host: str
     port: int
     pg_url: str  # the server's (SQLAlchemy)
@@ -136,7 +140,11 @@ class Scratch:
     def apply(self, block: str) -> str:
         for old, new in self.substitutions():
             block = block.replace(old, new)
-        return re.sub(r"\balice\b", self.researcher.pw_name, block)
+        block = re.sub(r"\balice\b", self.researcher.pw_name, block)
+        return re.sub(r"\bbob\b", self.bob.pw_name, block)
+
+    def home(self, account: pwd.struct_passwd) -> Path:
+        return self.root / f"home-{account.pw_name}"
 
 
 def cluster_address() -> str:
@@ -173,6 +181,25 @@ def image_server() -> Iterator[str]:
         server.shutdown()
 
 
+@pytest.fixture
+def bob() -> Iterator[pwd.struct_passwd]:
+    """The second researcher's Unix account, removed afterwards with the Slurm association the page gave it."""
+    created = False
+    try:
+        pwd.getpwnam(BOB)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/bash", BOB], check=True, timeout=60)
+        created = True
+    try:
+        yield pwd.getpwnam(BOB)
+    finally:
+        subprocess.run(
+            ["sacctmgr", "-i", "delete", "user", f"name={BOB}"], capture_output=True, check=False, timeout=60
+        )
+        if created:
+            subprocess.run(["userdel", BOB], capture_output=True, check=False, timeout=60)
+
+
 def shim(bin_dir: Path, name: str) -> None:
     python = REPO / ".venv" / "bin" / "python"
     path = bin_dir / name
@@ -181,8 +208,7 @@ def shim(bin_dir: Path, name: str) -> None:
 
 
 def script(scratch: Scratch, blocks: list[Block]) -> str:
-    """The page as one bash script: root's blocks inline, the researcher's through runuser."""
-    home = scratch.root / "home-researcher"
+    """The page as one bash script: root's blocks inline, the researchers' through runuser."""
     parts = [
         "set -euo pipefail",
         "trap 'echo \"docs/admin.md: the block at line $BLOCK failed\" >&2' ERR",
@@ -190,13 +216,19 @@ def script(scratch: Scratch, blocks: list[Block]) -> str:
     for block in blocks:
         body = scratch.apply(block.text)
         parts.append(f"BLOCK={block.line}; echo '::: docs/admin.md:{block.line}'")
-        if block.marks == ("test", "researcher"):
+        if block.marks[:2] == ("test", "researcher"):
+            account, password = (
+                (scratch.bob, "$BOB_PASSWORD")
+                if block.marks[2:] == ("bob",)
+                else (scratch.researcher, "$ALICE_PASSWORD")
+            )
+            home = scratch.home(account)
             path = scratch.root / f"researcher-{block.line}.sh"
             path.write_text(body)
             path.chmod(0o644)
             parts.append(
-                f"(cd {home} && runuser -u {scratch.researcher.pw_name} -- env -i HOME={home} "
-                f'PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 DET_PASS="$ALICE_PASSWORD" '
+                f"(cd {home} && runuser -u {account.pw_name} -- env -i HOME={home} "
+                f'PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 DET_PASS="{password}" '
                 f"bash -euo pipefail {path})"
             )
         else:
@@ -222,7 +254,9 @@ def cleanup(scratch: Scratch, env: dict[str, str]) -> None:
 @pytest.mark.slurm
 @pytest.mark.postgres
 @pytest.mark.apptainer
-def test_the_admin_guide_runs_from_scratch_to_a_researchers_experiment(image_server: str) -> None:
+def test_the_admin_guide_runs_from_scratch_to_two_researchers_experiments(
+    image_server: str, bob: pwd.struct_passwd
+) -> None:
     from local_cluster.cluster import is_healthy
 
     require(
@@ -236,12 +270,12 @@ def test_the_admin_guide_runs_from_scratch_to_a_researchers_experiment(image_ser
     SHARED_TEST_ROOT.mkdir(parents=True, exist_ok=True)
     root = SHARED_TEST_ROOT / f"admin-guide-{scratch_id}"
     root.mkdir(mode=0o755)
-    scratch = Scratch(scratch_id, root, researcher, cluster_address(), free_port(), pg_url, image_server)
+    scratch = Scratch(scratch_id, root, researcher, bob, cluster_address(), free_port(), pg_url, image_server)
     for directory in ("etc/profile.d", "etc/systemd/system", "root-home", "bin"):
         (root / directory).mkdir(parents=True)
-    home = root / "home-researcher"
-    home.mkdir()
-    os.chown(home, researcher.pw_uid, researcher.pw_gid)
+    for account in (researcher, bob):
+        scratch.home(account).mkdir()
+        os.chown(scratch.home(account), account.pw_uid, account.pw_gid)
     # A master on SQLite keeps master.db in the unit's state directory: the page backs one up.
     sqlite_dir = scratch.unit_root / "var" / "lib" / "hpc-det" / "master"
     sqlite_dir.mkdir(parents=True)
@@ -277,19 +311,30 @@ def test_the_admin_guide_runs_from_scratch_to_a_researchers_experiment(image_ser
         log = journal.read_text(errors="replace")[-3000:] if journal.exists() else ""
         assert proc.returncode == 0, f"{output[-6000:]}\n--- the master's journal:\n{log}"
         print(f"{output}\ndocs/admin.md ran in {time.monotonic() - started:.0f} s")
-        # The researcher's trial ran as their account: its run directory is theirs.
-        (exp_dir,) = (root / "shared" / "jobs").glob("exp-*")
-        assert exp_dir.stat().st_uid == researcher.pw_uid
-        assert all(p.stat().st_uid == researcher.pw_uid for p in exp_dir.glob("trial-*/run-*/output.log"))
-        # Its metrics came back to the master over HTTPS.
+        # Each researcher's trial ran as their own account: the run directory is theirs and not the other's.
+        alice_dir, bob_dir = sorted((root / "shared" / "jobs").glob("exp-*"), key=lambda p: int(p.name[4:]))
+        for exp_dir, account in ((alice_dir, researcher), (bob_dir, bob)):
+            assert exp_dir.stat().st_uid == account.pw_uid
+            logs = list(exp_dir.glob("trial-*/run-*/output.log"))
+            assert logs and all(p.stat().st_uid == account.pw_uid for p in logs)
+        peek = subprocess.run(
+            ["runuser", "-u", bob.pw_name, "--", "ls", str(alice_dir)], capture_output=True, timeout=60
+        )
+        assert peek.returncode != 0 and b"Permission denied" in peek.stderr
+        # Bob's own view: his experiment only, and Slurm ran his job as him.
+        sections = dict(re.findall(r"^::: docs/admin\.md:(\d+)\n(.*?)(?=^::: |\Z)", output, re.M | re.S))
+        (bob_line,) = [b.line for b in blocks if b.marks == ("test", "researcher", "bob")]
+        bob_says = sections[str(bob_line)]
+        assert f"| {bob.pw_name} " in bob_says and f"| {researcher.pw_name} " not in bob_says, bob_says
+        assert re.search(rf"^\s*{bob.pw_name}\s+det-e2-t2\s+COMPLETED", bob_says, re.M), bob_says
+        # Their metrics came back to the master over HTTPS.
         db = create_engine(make_url(pg_url).set(database=scratch.db_name))
         with db.connect() as conn:
-            assert conn.scalar(text("SELECT count(*) FROM metrics")) > 0
-            assert conn.scalar(text("SELECT state FROM experiments")) == "COMPLETED"
+            assert conn.scalar(text("SELECT count(DISTINCT trial_id) FROM metrics")) == 2
+            assert conn.execute(text("SELECT state FROM experiments")).scalars().all() == ["COMPLETED"] * 2
         db.dispose()
         assert "ok\n" in output and "********" in output and 'Status: "serving on 0.0.0.0:' in output
-        assert (
-            "| researcher " in output.rsplit("admin.md", 2)[-2]
-        )  # `det experiment list --all` after the restart
+        after_restart = output.rsplit("admin.md", 2)[-2]  # `det experiment list --all` after the restart
+        assert f"| {researcher.pw_name} " in after_restart and f"| {bob.pw_name} " in after_restart
     finally:
         cleanup(scratch, env)
