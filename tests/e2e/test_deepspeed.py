@@ -132,3 +132,27 @@ def test_a_failing_deepspeed_rank_fails_the_trial_with_its_exit_code(
     run_dir = master.root / "jobs" / f"exp-{exp}" / f"trial-{trial['id']}" / "run-1"
     assert json.loads((run_dir / "exit.json").read_text())["exitCode"] == 3
     _wait_no_jobs(master, exp)
+
+
+PYTORCH_TRIAL = """
+name: e2e-deepspeed-pytorchtrial
+entrypoint: python3 -m determined.launch.deepspeed --trial model_def:MyTrial
+hyperparameters: {global_batch_size: 8, lr: 0.02, sleep_s: 0.0}
+resources: {slots_per_trial: 4}
+searcher: {name: single, metric: val_loss, smaller_is_better: true, max_length: {batches: 20}}
+min_validation_period: {batches: 10}
+max_restarts: 0
+"""
+
+
+def test_a_pytorch_trial_runs_on_four_ranks_under_the_deepspeed_launcher(
+    master: Master, alice: dict[str, str]
+) -> None:
+    exp = master.create_experiment(alice, PYTORCH_TRIAL, CONTEXTS / "trial")
+    assert master.wait_state(alice, exp, TERMINAL, 300) == "STATE_COMPLETED", master.diagnose(exp)
+    trial = _only_trial(master, alice, exp)
+    (log,) = _run_logs(master, exp, trial["id"])
+    assert {int(r) for r in re.findall(r"^\[rank=(\d)\]", log, re.M)} == {0, 1, 2, 3}, log[-4000:]
+    assert "deepspeed.launcher.launch" in log or "launch.py" in log  # DeepSpeed's own per-node launcher ran
+    assert _steps(master, alice, trial["id"], "validation") == [10, 20]
+    assert trial["stepsCompleted"] == 20
