@@ -24,6 +24,10 @@ from hpc_master.services.checkpoint_usage import StorageTotals
 from hpc_master.services.checkpoint_views import CheckpointView
 from hpc_master.services.users import Principal
 
+# libyaml's safe dumper when PyYAML has it (same text, ~5x faster: a page of other users' experiments dumps
+# each masked config; 0.76 ms → 0.16 ms a config, measured for bench/many_users.py's list-all p99).
+_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
 
 def iso(value: dt.datetime | None) -> str | None:
     if value is None:
@@ -98,7 +102,7 @@ def experiment_to_api(
         out["originalConfig"] = experiment.config_text
     elif with_config:
         out["config"] = redact.masked_config(experiment.config)
-        out["originalConfig"] = yaml.safe_dump(out["config"], sort_keys=False)
+        out["originalConfig"] = yaml.dump(out["config"], Dumper=_YAML_DUMPER, sort_keys=False)
     return out
 
 
