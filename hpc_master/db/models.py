@@ -183,6 +183,9 @@ class MetricModel(Base):
     __table_args__ = (
         # Also the index for per-trial queries (trial_id is its first column).
         UniqueConstraint("trial_id", "trial_run_id", "group", "steps_completed", name="uq_metrics_report"),
+        # A trial's reports of one group by steps (metric streams, latest validations, a checkpoint's
+        # validation): the constraint above, with the run second, walks every row of the trial for those.
+        Index("ix_metrics_trial_group_steps", "trial_id", "group", "steps_completed"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)

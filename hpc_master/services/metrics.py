@@ -240,10 +240,11 @@ def metrics_page(
     if after is not None:
         steps, row_id = after
         stmt = stmt.where(
+            MetricModel.steps_completed >= steps,  # implied by the next; the index can start the page here
             or_(
                 MetricModel.steps_completed > steps,
                 and_(MetricModel.steps_completed == steps, MetricModel.id > row_id),
-            )
+            ),
         )
     stmt = stmt.order_by(MetricModel.steps_completed, MetricModel.id).limit(limit)
     return list(session.scalars(stmt))
