@@ -13,7 +13,8 @@ sparse (only those that hold a point), as five arrays, so a curve is a few array
 downsample further or serialise, and ``to_bytes()``/``from_bytes()`` copy no Python objects
 (``services.curves`` saves them in the database).
 
-Ties: at equal values a bucket keeps the point that came first; the first point is the smallest step (the
+Ties: at equal values a bucket keeps the point with the smallest step, however the points were batched (a
+bucket merged from two keeps the lower one's, as one pass over every point would); the first point is the smallest step (the
 first one given at that step), the last point the largest step (the last one given). Non-finite values (a
 diverged loss) and negative steps are skipped: they have no place on a chart's axis.
 """
@@ -59,15 +60,16 @@ def _firsts(keys: Ints) -> npt.NDArray[np.bool_]:
 
 
 def _group_extreme(groups: Ints, steps: Ints, values: Floats, *, largest: bool) -> tuple[Ints, Ints, Floats]:
-    """Per group (``groups`` in candidate order, the earlier candidate winning ties): the group, the step and
-    the value of its lowest (or ``largest``) value."""
-    order = np.lexsort((np.arange(len(values)), -values if largest else values, groups))
+    """Per group: the group, the step and the value of its lowest (or ``largest``) value, the smallest step
+    winning ties (then the earlier candidate: the same point)."""
+    order = np.lexsort((np.arange(len(values)), steps, -values if largest else values, groups))
     keep = order[_firsts(groups[order])]
     return groups[keep], steps[keep], values[keep]
 
 
 def _sorted_group_extreme(groups: Ints, steps: Ints, values: Floats, *, largest: bool) -> tuple[Ints, Floats]:
-    """``_group_extreme`` for ``groups`` already ascending (merging a curve's buckets): no sort."""
+    """``_group_extreme`` for ``groups`` already ascending (merging a curve's buckets, whose steps ascend with
+    them, so the first hit is the smallest step): no sort."""
     starts = np.flatnonzero(_firsts(groups))
     reduce = np.maximum if largest else np.minimum
     best = reduce.reduceat(values, starts)
@@ -299,7 +301,7 @@ class MinMaxCurve:
         while largest // width >= 2 * self.max_buckets:
             width *= 2
         self._width = width
-        # The buckets' own points come first: at equal values, what a bucket already held wins.
+        # At equal values the smallest step wins (what a bucket held or a new point), as in one pass.
         min_steps = np.concatenate((self._min_step, steps))
         max_steps = np.concatenate((self._max_step, steps))
         groups_min = min_steps // width

@@ -65,7 +65,7 @@ def test_bounded_and_extremes_kept(by_step: dict[int, float], max_points: int) -
 
 def _reference(points: list[tuple[int, float]], max_buckets: int) -> list[tuple[int, float]]:
     """Min/max buckets the slow, obvious way: every point at the final width, each bucket's min and max
-    (earliest at equal values), the first and the last point."""
+    (the smallest step at equal values), the first and the last point."""
     points = [(s, v) for s, v in points if math.isfinite(v) and s >= 0]
     if not points:
         return []
@@ -76,9 +76,9 @@ def _reference(points: list[tuple[int, float]], max_buckets: int) -> list[tuple[
     highs: dict[int, tuple[int, float]] = {}
     for s, v in points:
         b = s // width
-        if b not in lows or v < lows[b][1]:
+        if b not in lows or v < lows[b][1] or (v == lows[b][1] and s < lows[b][0]):
             lows[b] = (s, v)
-        if b not in highs or v > highs[b][1]:
+        if b not in highs or v > highs[b][1] or (v == highs[b][1] and s < highs[b][0]):
             highs[b] = (s, v)
     out: dict[int, float] = {}
     for b in sorted(lows):
