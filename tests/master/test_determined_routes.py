@@ -74,6 +74,26 @@ def test_experiment_lists_carry_the_config_masked_for_others(client: TestClient)
     assert other["config"]["name"] == "secretive"  # type: ignore[index]
 
 
+def test_experiment_lists_carry_each_experiments_own_trial_ids(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    alice = make_user(client, login(client), "alice")
+    first, second, empty = (create_experiment(client, alice) for _ in range(3))
+    with transaction(sessions) as s:  # interleaved, so that ids alone do not group them
+        made = [
+            (e, lifecycle.create_trial(s, e, f"r{i}", {"lr": 0.1}).id)
+            for i, e in enumerate([second, first] * 3)
+        ]
+    page = client.get("/api/v1/experiments", headers=alice).json()["experiments"]
+    got = {e["id"]: (e["trialIds"], e["numTrials"]) for e in page}
+    for exp in (first, second):
+        ids = sorted(t for e, t in made if e == exp)
+        assert got[exp] == (ids, 3)
+    assert got[empty] == ([], 0)
+    one = client.get(f"/api/v1/experiments/{first}", headers=alice).json()["experiment"]
+    assert one["trialIds"] == got[first][0]
+
+
 def test_trial_workloads(client: TestClient, sessions: sessionmaker[Session]) -> None:
     alice = make_user(client, login(client), "alice")
     experiment_id = create_experiment(client, alice)
