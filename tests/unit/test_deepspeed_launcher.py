@@ -222,12 +222,15 @@ def job_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     )
     monkeypatch.setattr(deepspeed.importlib.util, "find_spec", lambda name: None)
     # The real DeepSpeed next to this Python (scripts/bootstrap.sh installs it) must not win over the fake.
-    real_which, venv_bin = shutil.which, os.path.dirname(sys.executable)
-    monkeypatch.setattr(
-        deepspeed.shutil,
-        "which",
-        lambda cmd, path=None: None if path == venv_bin else real_which(cmd, path=path),
-    )
+    # CI puts that directory on PATH too, so it is taken out of both lookups.
+    real_which, venv_bin = shutil.which, os.path.realpath(os.path.dirname(sys.executable))
+
+    def which_but_venv(cmd: str, path: str | None = None) -> str | None:
+        dirs = (path if path is not None else os.environ.get("PATH", "")).split(os.pathsep)
+        kept = [d for d in dirs if d and os.path.realpath(d) != venv_bin]
+        return real_which(cmd, path=os.pathsep.join(kept)) if kept else None
+
+    monkeypatch.setattr(deepspeed.shutil, "which", which_but_venv)
     try:
         yield tmp_path
     finally:
