@@ -212,10 +212,11 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
 
 def make_lifecycle_loop(state: Any) -> Any:
     """The loop that drives searchers and Slurm jobs (Slurm's command-line tools must be on PATH)."""
-    from hpc_master.lifecycle.jobs import JobDriver
+    from hpc_master.lifecycle.jobs import PLATFORM_ROOT, JobDriver
     from hpc_master.lifecycle.loop import LifecycleLoop
     from hpc_master.services.checkpoint_gc import CheckpointCollector
     from hpc_master.services.checkpoint_policy import GCPolicy
+    from hpc_master.tasks.driver import TaskDriver
     from slurm_backend import Poller, SlurmCli
 
     config = state.config
@@ -231,8 +232,19 @@ def make_lifecycle_loop(state: Any) -> Any:
         ),
         remover=state.checkpoint_remover,
     )
+    tasks = TaskDriver(
+        state.sessions,
+        config,
+        cli,
+        poller,
+        job_storage_root=jobs.job_storage_root,
+        platform_root=PLATFORM_ROOT,
+        python=jobs.python,
+        master_url=jobs.master_url,
+        cluster_id=state.cluster_id,
+    )
     interval_s = min(2.0, config.poll_interval_s)
-    return LifecycleLoop(state.sessions, jobs, interval_s=interval_s, collector=collector)
+    return LifecycleLoop(state.sessions, jobs, interval_s=interval_s, collector=collector, tasks=tasks)
 
 
 def report_error(err: DetError, config_path: Path | None) -> None:

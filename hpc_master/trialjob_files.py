@@ -1,13 +1,15 @@
-"""Writes a TrialJobPlan's run directory before the job is submitted (the only I/O of the trial-job module)."""
+"""Writes a job's run directory before the job is submitted (the only I/O of the trial-job and task-job
+modules)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from hpc_master.trialjob import TrialJobPlan
 
 
-def _write(path: str, text: str, mode: int, uid: int | None, gid: int | None) -> None:
+def write_text(path: str, text: str, mode: int, uid: int | None, gid: int | None) -> None:
     tmp = f"{path}.tmp-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     try:
@@ -22,7 +24,7 @@ def _write(path: str, text: str, mode: int, uid: int | None, gid: int | None) ->
     os.replace(tmp, path)
 
 
-def _mkdir(path: str, uid: int | None, gid: int | None) -> None:
+def make_dir(path: str, uid: int | None, gid: int | None) -> None:
     os.makedirs(path, mode=0o750, exist_ok=True)
     if uid is not None:
         os.chown(path, uid, -1 if gid is None else gid)
@@ -39,6 +41,17 @@ def write_run_dir(plan: TrialJobPlan, *, uid: int | None = None, gid: int | None
     Five fsyncs per submission were a third of the lifecycle loop's time per submitted trial."""
     trial_parent = os.path.dirname(plan.trial_dir)
     for path in (trial_parent, plan.trial_dir, plan.run_dir):
-        _mkdir(path, uid, gid)
+        make_dir(path, uid, gid)
     for name, (text, mode) in plan.files().items():
-        _write(os.path.join(plan.run_dir, name), text, mode, uid, gid)
+        write_text(os.path.join(plan.run_dir, name), text, mode, uid, gid)
+
+
+def write_bytes(path: Path, data: bytes, uid: int | None, gid: int | None) -> None:
+    """`data` at `path` (0640, owned by `uid` when given), written under a temporary name and renamed."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
+    with os.fdopen(fd, "wb") as f:
+        if uid is not None:
+            os.fchown(f.fileno(), uid, -1 if gid is None else gid)
+        f.write(data)  # not fsynced: see write_run_dir
+    os.replace(tmp, path)

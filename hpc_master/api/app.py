@@ -28,6 +28,7 @@ from hpc_master.api import (
     routes_harness,
     routes_master,
     routes_models,
+    routes_tasks,
     routes_trials,
     routes_ui,
     routes_workspaces,
@@ -260,6 +261,7 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
         routes_compat_experiments,  # Determined's experiment routes (model_def, labels)
         routes_workspaces,  # Determined's one default workspace and project
         routes_compat_trials,  # Determined's trial metric streams (Trial.iter_metrics)
+        routes_tasks,  # commands (and every task's list and logs)
     ):
         app.include_router(module.router)
     app.include_router(routes_checkpoints.legacy)  # before the UI's pages under /experiments/

@@ -9,7 +9,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
-from hpc_master.cli import checkpoint, deploy, experiment, master, model, preview, trial, user
+from hpc_master.cli import checkpoint, command, deploy, experiment, master, model, preview, trial, user
 from hpc_master.errors import ClientError, ConfigError, DetError
 
 # Modules that add sub-commands: each has `register(subparsers)`.
@@ -22,6 +22,7 @@ COMMAND_MODULES: list[Callable[[argparse._SubParsersAction], None]] = [  # type:
     user.register,
     master.register,
     preview.register,
+    command.register,
 ]
 
 

@@ -336,3 +336,36 @@ class ModelVersionModel(Base):
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
     creation_time: Mapped[dt.datetime] = mapped_column(default=utcnow)
     last_updated_time: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class TaskModel(Base):
+    """A command, notebook, shell or TensorBoard: one Slurm job, no searcher, no restarts (``hpc_master.tasks``)."""
+
+    __tablename__ = "tasks"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    """A UUID, as Determined's task ids."""
+    task_type: Mapped[str] = mapped_column(String(16), index=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
+    description: Mapped[str] = mapped_column(String(512), default="")
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    context_archive: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True, deferred=True)
+    """gzip'd tar of the context directory (≤ 95 MB uncompressed), written to the run directory at submit."""
+    resource_pool: Mapped[str] = mapped_column(String(128), default="default")
+    run_dir: Mapped[str] = mapped_column(Text)
+    """Where the task's files are: the master's record, the only path its logs and files are read from."""
+    slurm_job_id: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    submit_attempted: Mapped[bool] = mapped_column(Boolean, default=False)
+    """sbatch was (maybe) run: after a crash the job is looked for by its comment before another sbatch."""
+    node_list: Mapped[str | None] = mapped_column(Text, nullable=True)
+    pending_reason: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    kill_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    exit_status: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """Why it ended, in words (Determined's ``exitStatus``)."""
+    version: Mapped[int] = mapped_column(Integer, default=0)
+    start_time: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    end_time: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+
+    __mapper_args__ = {"version_id_col": version}  # noqa: RUF012

@@ -65,7 +65,7 @@ from hpc_master.trialjob import (
     pool_from_master_config,
     run_dirs,
 )
-from hpc_master.trialjob_files import write_run_dir
+from hpc_master.trialjob_files import write_bytes, write_run_dir
 from slurm_backend import JobStatus, Outcome, Poller, SlurmCli
 from slurm_backend.cli import SlurmUnavailableError, SubmitLimitError
 
@@ -492,7 +492,7 @@ class JobDriver:
                 select(ExperimentModel.context_archive).where(ExperimentModel.id == experiment_id)
             )
         if data is not None:
-            _write_file(path, data, uid, gid)
+            write_bytes(path, data, uid, gid)
 
     # ---- stop -----------------------------------------------------------------------------------------
     def cancel_stopped(self) -> None:
@@ -623,13 +623,3 @@ def _has_context(session: Session, experiment_id: int) -> bool:
     """Whether the experiment has a context archive, without reading it."""
     stmt = select(ExperimentModel.context_archive.is_not(None)).where(ExperimentModel.id == experiment_id)
     return bool(session.scalar(stmt))
-
-
-def _write_file(path: Path, data: bytes, uid: int | None, gid: int | None) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
-    with os.fdopen(fd, "wb") as f:
-        if uid is not None:
-            os.fchown(f.fileno(), uid, -1 if gid is None else gid)
-        f.write(data)  # not fsynced: see trialjob_files.write_run_dir
-    os.replace(tmp, path)

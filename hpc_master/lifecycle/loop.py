@@ -26,6 +26,7 @@ from hpc_master.services.checkpoint_gc import CheckpointCollector
 from hpc_master.services.common import InvalidTransitionError
 from hpc_master.services.states import ExperimentState
 from hpc_master.services.users import purge_expired_sessions
+from hpc_master.tasks.driver import TaskDriver
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +40,14 @@ class LifecycleLoop:
         jobs: JobDriver | None,
         interval_s: float = 2.0,
         collector: CheckpointCollector | None = None,
+        tasks: TaskDriver | None = None,
     ) -> None:
         self.sessions = sessions
         self.jobs = jobs
         self.interval_s = interval_s
         self.collector = collector
+        self.tasks = tasks
+        """Commands, notebooks, shells and TensorBoards (None: none are run)."""
         """Checkpoint GC: the experiments' policies applied, failed deletions retried (None: no GC)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -65,6 +69,8 @@ class LifecycleLoop:
                 self.drive_searchers()
             self.jobs.submit_pending()
             self.renice_pending()
+        if self.tasks is not None:
+            self.tasks.tick()
         self.collect_checkpoints()
         self.housekeeping()
         self.ticks += 1

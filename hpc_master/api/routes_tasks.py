@@ -1,0 +1,237 @@
+"""Commands, and what every task has (Determined's ``/api/v1/commands`` and ``/api/v1/tasks`` routes).
+
+Owner-only: a user sees, kills and reads the logs of their own tasks; an admin of everyone's; a per-trial
+token of none. Files are read only from the task's recorded run directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path as PurePath
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import StreamingResponse
+from pydantic import ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from hpc_master.api.bounds import Limit, OptionalId
+from hpc_master.api.deps import State, UserPrincipal
+from hpc_master.api.schemas import ApiModel, ModelDefinitionFile
+from hpc_master.db.models import UserModel
+from hpc_master.errors import ClientError
+from hpc_master.expconf import load_yaml
+from hpc_master.services import context as ctx
+from hpc_master.services import logs, notify
+from hpc_master.tasks import service as svc
+from hpc_master.tasks.config import TaskType, parse_task_config
+from hpc_master.tasks.job import build_task_job, task_run_dir
+from hpc_master.trialjob import DEFAULT_MAX_CONTEXT_BYTES, JobPaths, pool_from_master_config
+
+router = APIRouter(prefix="/api/v1", tags=["tasks"])
+
+TASK_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+TaskId = Annotated[str, Path(pattern=TASK_ID_PATTERN, max_length=36)]
+LOG_POLL_INTERVAL_S = 0.5
+MAX_FILES = 100_000
+
+
+class LaunchTaskRequest(ApiModel):
+    """Determined's ``v1LaunchCommandRequest``: ``config`` is a mapping (or YAML text), ``files`` the
+    context directory as ``det e create`` sends it."""
+
+    model_config = ConfigDict(extra="forbid")
+    config: dict[str, Any] | str = Field(default_factory=dict)
+    files: list[ModelDefinitionFile] = Field(default_factory=list, max_length=MAX_FILES)
+    template_name: str | None = Field(default=None, alias="templateName", max_length=256)
+    workspace_id: OptionalId | None = Field(default=None, alias="workspaceId")
+    data: str | None = Field(default=None, max_length=1 << 20)
+
+
+def launch(state: State, principal: Any, body: LaunchTaskRequest, task_type: TaskType) -> dict[str, Any]:
+    """Validate the config, dry-run its job against the pool, store the task QUEUED (the loop submits it)."""
+    if body.template_name:
+        raise ClientError(
+            "this master has no config templates: pass the settings with --config-file or --config",
+            code="not_supported",
+            field="templateName",
+        )
+    if body.workspace_id not in (None, 0, svc.WORKSPACE_ID):
+        raise ClientError(f"workspace {body.workspace_id} not found", code="not_found", field="workspaceId")
+    raw = load_yaml(body.config) if isinstance(body.config, str) else body.config
+    config = parse_task_config(raw, task_type)
+    pool = pool_from_master_config(state.config, config.resources.resource_pool)
+    root = str(state.config.job_storage_dir())
+    files = ctx.parse_model_definition([f.model_dump(by_alias=False) for f in body.files])
+    build_task_job(  # the dry run: whatever submission would refuse is refused now, naming the field
+        config,
+        task_type,
+        pool,
+        task_id=svc.new_task_id(),
+        argv=config.argv() or ["true"],
+        paths=JobPaths(job_storage_root=root, checkpoint_root="", platform_root="/hpc-det", python="python3"),
+        master_url=state.config.master_url(),
+        cluster_id=state.cluster_id,
+        has_context=bool(files),
+        max_context_bytes=DEFAULT_MAX_CONTEXT_BYTES,
+    )
+    archive = ctx.pack_context(files) if files else None
+    with state.tx() as session:
+        task = svc.create_task(
+            session,
+            principal,
+            task_type,
+            config,
+            run_dir_of=lambda task_id: task_run_dir(root, task_id),
+            resource_pool=pool.name,
+            context_archive=archive,
+        )
+        owner = session.get(UserModel, principal.user_id)
+        assert owner is not None
+        answer = {"config": task.config, "warnings": []}
+        answer[task_type.lower()] = svc.task_to_api(task, owner)
+    notify.changed()
+    return answer
+
+
+@router.post("/commands")
+def launch_command(body: LaunchTaskRequest, state: State, principal: UserPrincipal) -> dict[str, Any]:
+    return launch(state, principal, body, TaskType.COMMAND)
+
+
+@router.get("/commands")
+def list_commands(
+    state: State,
+    principal: UserPrincipal,
+    users: Annotated[list[str], Query(max_length=100)] = [],  # noqa: B006
+    limit: Limit = 1000,
+) -> dict[str, Any]:
+    with state.tx() as session:
+        rows = svc.list_tasks(
+            session, principal, TaskType.COMMAND, everyone=True, usernames=users, limit=_limit(limit)
+        )
+        return {"commands": [svc.task_to_api(t, u) for t, u in rows], "pagination": None}
+
+
+@router.get("/commands/{task_id}")
+def get_command(task_id: TaskId, state: State, principal: UserPrincipal) -> dict[str, Any]:
+    with state.tx() as session:
+        task = svc.get_task(session, principal, task_id, TaskType.COMMAND)
+        owner = session.get(UserModel, task.owner_id)
+        assert owner is not None
+        return {"command": svc.task_to_api(task, owner), "config": task.config}
+
+
+@router.post("/commands/{task_id}/kill")
+def kill_command(task_id: TaskId, state: State, principal: UserPrincipal) -> dict[str, Any]:
+    with state.tx() as session:
+        task = svc.get_task(session, principal, task_id, TaskType.COMMAND)
+        svc.kill_task(session, task)
+        owner = session.get(UserModel, task.owner_id)
+        assert owner is not None
+        answer = {"command": svc.task_to_api(task, owner)}
+    notify.changed()
+    return answer
+
+
+@router.get("/tasks")
+def list_tasks(state: State, principal: UserPrincipal) -> dict[str, Any]:
+    """Determined's ``GetTasks``: the caller's tasks that have not ended (an admin's: everyone's), by
+    allocation id."""
+    with state.tx() as session:
+        rows = svc.list_tasks(session, principal, everyone=True, live_only=True)
+        return {"allocationIdToSummary": {f"{t.id}.1": svc.allocation_summary(t, u) for t, u in rows}}
+
+
+@router.get("/tasks/{task_id}")
+def get_task(task_id: TaskId, state: State, principal: UserPrincipal) -> dict[str, Any]:
+    with state.tx() as session:
+        task = svc.get_task(session, principal, task_id)
+        owner = session.get(UserModel, task.owner_id)
+        assert owner is not None
+        api = svc.task_to_api(task, owner)
+        return {
+            "task": {
+                "taskId": task.id,
+                "taskType": f"TASK_TYPE_{task.task_type}",
+                "startTime": api["startTime"],
+                "endTime": api["endTime"],
+                "allocations": [
+                    {
+                        "taskId": task.id,
+                        "allocationId": f"{task.id}.1",
+                        "state": task.state,
+                        "isReady": task.state == svc.TaskState.RUNNING,
+                        "startTime": api["startTime"],
+                        "endTime": api["endTime"],
+                        "slots": int((task.config.get("resources") or {}).get("slots", 1)),
+                    }
+                ],
+                **{k: api[k] for k in ("description", "exitStatus", "exitCode", "slurmJobId", "nodeList")},
+            }
+        }
+
+
+@router.get("/tasks/{task_id}/logs")
+async def task_logs(
+    task_id: TaskId,
+    state: State,
+    principal: UserPrincipal,
+    follow: bool = False,
+    limit: Limit = 0,
+    search_text: Annotated[str, Query(alias="searchText", max_length=1024)] = "",
+) -> StreamingResponse:
+    """Newline-delimited JSON, one ``{"result": {...}}`` per line (Determined's ``TaskLogs``): the job's output
+    file; with ``follow=true`` the stream stays open until the task has ended and its last line was sent."""
+
+    def snapshot() -> tuple[list[logs.LogSource], bool]:
+        with state.tx() as session:
+            task = svc.get_task(session, principal, task_id)
+            path = task.run_dir.rstrip("/") + "/output.log"
+            return [logs.LogSource(1, PurePath(path))], task.state == svc.TaskState.TERMINATED
+
+    sources, done = await run_in_threadpool(snapshot)  # 404 before the stream starts
+
+    def entry(line: dict[str, object]) -> dict[str, object]:
+        return {
+            "id": str(line["id"]),
+            "taskId": task_id,
+            "allocationId": f"{task_id}.1",
+            "message": line["message"],
+            "log": line["log"],
+            "level": line["level"],
+            "timestamp": line["timestamp"],
+            "stdtype": line["stdtype"],
+            "source": line["source"],
+            "rankId": line["rankId"],
+        }
+
+    async def stream() -> AsyncIterator[bytes]:
+        nonlocal sources, done
+        cursor = logs.LogCursor(offsets={})
+        sent = 0
+        while True:
+            final = done or not follow
+            lines, more = await run_in_threadpool(logs.read_new_lines, 0, sources, cursor, final=final)
+            lines = [x for x in lines if not search_text or search_text in str(x["log"])]
+            if limit > 0:
+                lines = lines[: limit - sent]
+            if lines:
+                sent += len(lines)
+                yield "".join(json.dumps({"result": entry(x)}) + "\n" for x in lines).encode()
+            if limit > 0 and sent >= limit:
+                return
+            if more:
+                continue
+            if final:
+                return
+            await asyncio.sleep(LOG_POLL_INTERVAL_S)
+            sources, done = await run_in_threadpool(snapshot)
+
+    return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+
+def _limit(limit: int) -> int:
+    return 1000 if limit <= 0 else min(limit, 10_000)

@@ -1,0 +1,1 @@
+"""Interactive tasks: commands, notebooks, shells and TensorBoards, each one Slurm job reached through the master."""

@@ -1,0 +1,96 @@
+"""A task's config: Determined's command/notebook/shell/TensorBoard config, plus the experiment's `slurm:` section.
+
+    config = parse_task_config(raw, TaskType.COMMAND)   # raises ExperimentConfigError naming the field's path
+
+The sections are the experiment config's own models (``environment``, ``bind_mounts``, ``slurm``), so a
+typo reads the same everywhere ("`slurm.partiton`: unknown field; did you mean `partition`?"). Determined's
+task ``resources`` name their GPUs ``slots`` (an experiment's are ``slots_per_trial``); a command asks for
+one by default, as Determined's do, and ``resources.slots: 0`` runs it on CPUs. Fields that only mean
+something on Kubernetes (``pod_spec``, ``pbs``) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationError, field_validator
+
+from hpc_master.expconf import BindMount, Device, EnvironmentConfig, SlurmConfig
+from hpc_master.expconf._base import StrictModel
+from hpc_master.expconf._errors import config_error, to_config_error
+
+MAX_ENTRYPOINT_ARGS = 1024
+MAX_ENTRYPOINT_CHARS = 64 * 1024
+IGNORED = {"pod_spec": "is for Kubernetes", "pbs": "is for PBS"}
+
+
+class TaskType(enum.StrEnum):
+    """Determined's ``v1TaskType`` names (without the ``TASK_TYPE_`` prefix)."""
+
+    COMMAND = "COMMAND"
+    NOTEBOOK = "NOTEBOOK"
+    SHELL = "SHELL"
+    TENSORBOARD = "TENSORBOARD"
+
+
+class TaskResources(StrictModel):
+    slots: Annotated[int, Field(ge=0, le=4096)] = 1
+    resource_pool: str | None = None
+    priority: Annotated[int, Field(ge=1, le=99)] | None = None
+    weight: Annotated[float, Field(gt=0)] = 1.0
+    shm_size: int | str | None = None
+    is_single_node: bool = False
+    devices: list[Device] = Field(default_factory=list)
+
+
+class TaskConfig(StrictModel):
+    description: Annotated[str, Field(max_length=512)] | None = None
+    entrypoint: list[str] | str | None = None
+    resources: TaskResources = Field(default_factory=TaskResources)
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
+    bind_mounts: list[BindMount] = Field(default_factory=list)
+    slurm: SlurmConfig = Field(default_factory=SlurmConfig)
+    debug: bool = False
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint(cls, v: list[str] | str | None) -> list[str] | str | None:
+        if v is None:
+            return v
+        args = [v] if isinstance(v, str) else v
+        if len(args) > MAX_ENTRYPOINT_ARGS or sum(len(a) for a in args) > MAX_ENTRYPOINT_CHARS:
+            raise ValueError(f"at most {MAX_ENTRYPOINT_ARGS} arguments and {MAX_ENTRYPOINT_CHARS} characters")
+        if any("\0" in a for a in args):
+            raise ValueError("an argument holds a NUL character")
+        if not any(a.strip() for a in args):
+            raise ValueError("the command is empty")
+        return v
+
+    def argv(self) -> list[str]:
+        """The entrypoint as an argv. As Determined's task entrypoint does, one word (a string, or a list of
+        one) is a shell command line, run by ``/bin/sh -c`` (``det cmd run 'nvidia-smi; hostname'``); several
+        words run as they are, no shell in between."""
+        args = [self.entrypoint] if isinstance(self.entrypoint, str) else list(self.entrypoint or [])
+        return ["/bin/sh", "-c", args[0]] if len(args) == 1 else args
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def parse_task_config(raw: Mapping[str, Any] | None, task_type: TaskType) -> TaskConfig:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise config_error(
+            f"a {task_type.lower()} config must be a mapping of fields, got {type(raw).__name__}"
+        )
+    data = {k: v for k, v in raw.items() if k not in IGNORED}
+    try:
+        config = TaskConfig.model_validate(data)
+    except ValidationError as exc:
+        raise to_config_error(exc, data) from None
+    if task_type is TaskType.COMMAND and not config.argv():
+        raise config_error("a command needs something to run: `det cmd run CMD [ARG...]`", "entrypoint")
+    return config

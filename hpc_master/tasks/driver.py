@@ -1,0 +1,350 @@
+"""The Slurm half of tasks, run by the lifecycle loop each tick: submit what is queued, cancel what was
+killed, and learn from the shared poller how jobs went.
+
+After a master crash nothing runs twice: a task is marked ``submit_attempted`` (committed) before its sbatch,
+and a task so marked with no job id is looked for by its job comment before another sbatch is tried.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pwd
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from hpc_master.db.engine import transaction
+from hpc_master.db.models import TaskModel, UserModel
+from hpc_master.errors import ClientError, SlurmError
+from hpc_master.masterconf import MasterConfig
+from hpc_master.tasks import service as svc
+from hpc_master.tasks.config import TaskType, parse_task_config
+from hpc_master.tasks.job import TASKS_DIR, TaskJobPlan, build_task_job, task_comment
+from hpc_master.trialjob import DEFAULT_MAX_CONTEXT_BYTES, JobPaths, pool_from_master_config
+from hpc_master.trialjob_files import make_dir, write_bytes, write_text
+from slurm_backend import JobStatus, Outcome, Poller, SlurmCli
+from slurm_backend.cli import SlurmUnavailableError, SubmitLimitError
+
+log = logging.getLogger(__name__)
+
+TaskState = svc.TaskState
+
+
+class TaskDriver:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        config: MasterConfig,
+        cli: SlurmCli,
+        poller: Poller,
+        *,
+        job_storage_root: str,
+        platform_root: str,
+        python: str,
+        master_url: str,
+        cluster_id: str,
+    ) -> None:
+        self.sessions = sessions
+        self.config = config
+        self.cli = cli
+        self.poller = poller
+        self.job_storage_root = job_storage_root
+        self.platform_root = platform_root
+        self.python = python
+        self.master_url = master_url
+        self.cluster_id = cluster_id
+        self.running_as_root = os.geteuid() == 0
+
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        with transaction(self.sessions) as session:
+            yield session
+
+    def tick(self) -> None:
+        """One pass; one task's trouble never stops the others (it is logged and tried again next tick)."""
+        for step in (self.cancel_killed, self.submit_queued, self.poll):
+            try:
+                step()
+            except Exception:
+                log.exception("tasks: %s failed; tried again next tick", step.__name__)
+
+    # ---- submit ---------------------------------------------------------------------------------------
+    def submit_queued(self) -> int:
+        with self._tx() as s:
+            ids = list(
+                s.scalars(
+                    select(TaskModel.id)
+                    .where(TaskModel.state.in_(svc.LIVE_STATES), TaskModel.slurm_job_id.is_(None))
+                    .order_by(TaskModel.start_time)
+                )
+            )
+        submitted = 0
+        for task_id in ids:
+            try:
+                submitted += self._submit(task_id)
+            except Exception:
+                log.exception("task %s: submitting failed; tried again next tick", task_id)
+        return submitted
+
+    def _submit(self, task_id: str) -> int:
+        with self._tx() as s:
+            task = s.get(TaskModel, task_id)
+            owner = s.get(UserModel, task.owner_id) if task is not None else None
+            if task is None or owner is None or task.slurm_job_id is not None:
+                return 0
+            attempted, killed = task.submit_attempted, task.kill_requested
+            unix_user = owner.unix_username
+            owner_name = owner.username
+        comment = task_comment(self.cluster_id, task_id)
+        as_user = unix_user if self.running_as_root else None
+        if attempted:  # sbatch may have run before a crash: adopt its job rather than submit a second
+            try:
+                with self.cli.retries_at_most(0):
+                    found = self.cli.find_by_comment(comment, user=as_user)
+            except SlurmError as e:
+                log.info("task %s: cannot ask Slurm for its job yet (%s)", task_id, e)
+                return 0
+            if found:
+                log.info(
+                    "task %s: adopting Slurm job %s, submitted before the master restarted", task_id, found[0]
+                )
+                self._record_job(task_id, found[0])
+                return 0
+        if killed:
+            with self._tx() as s:
+                task = s.get(TaskModel, task_id)
+                if task is not None and task.state != TaskState.TERMINATED:
+                    svc.finish(task, exit_status="killed by the user before its job started")
+            return 0
+        try:
+            plan = self._prepare(task_id, owner_name, unix_user)
+        except (ClientError, OSError) as e:
+            self._fail(task_id, f"cannot submit: {e}")
+            return 0
+        try:
+            with self.cli.retries_at_most(0):
+                job_id = self.cli.submit(plan.script, as_user=as_user)
+        except SubmitLimitError as e:
+            self._set_pending(task_id, e.reason)
+            return 0
+        except SlurmUnavailableError as e:
+            self._set_pending(task_id, "SlurmControllerUnavailable")
+            log.info("task %s waits: %s", task_id, e)
+            return 0
+        except ClientError as e:  # refused: what it asks for can never run here
+            self._fail(task_id, f"Slurm refused the job: {e}")
+            return 0
+        except SlurmError as e:
+            self._fail(task_id, f"sbatch failed: {e}")
+            return 0
+        self._record_job(task_id, job_id)
+        log.info("task %s submitted as Slurm job %s", task_id, job_id)
+        return 1
+
+    def _job_user(self, owner_name: str, unix_user: str | None) -> tuple[int | None, int | None]:
+        if not self.running_as_root:
+            return None, None
+        if not unix_user:
+            raise ClientError(
+                f"user {owner_name!r} has no Unix account to run jobs as; an admin sets one with "
+                f"`det user edit {owner_name} --unix-username NAME`"
+            )
+        try:
+            pw = pwd.getpwnam(unix_user)
+        except KeyError:
+            raise ClientError(f"Unix account {unix_user!r} does not exist on the master's host") from None
+        if pw.pw_uid == 0:
+            raise ClientError("jobs never run as root; give the user a non-root Unix account")
+        return pw.pw_uid, pw.pw_gid
+
+    def _prepare(self, task_id: str, owner_name: str, unix_user: str | None) -> TaskJobPlan:
+        uid, gid = self._job_user(owner_name, unix_user)
+        with self._tx() as s:
+            task = s.get(TaskModel, task_id)
+            assert task is not None
+            task_type = TaskType(task.task_type)
+            config = parse_task_config(task.config, task_type)
+            archive = task.context_archive
+            run_dir = task.run_dir
+        plan = build_task_job(
+            config,
+            task_type,
+            pool_from_master_config(self.config, config.resources.resource_pool),
+            task_id=task_id,
+            argv=config.argv(),
+            paths=self._paths(),
+            master_url=self.master_url,
+            cluster_id=self.cluster_id,
+            has_context=archive is not None,
+            max_context_bytes=DEFAULT_MAX_CONTEXT_BYTES,
+        )
+        if plan.run_dir != run_dir:  # the job storage root moved since the task was created
+            raise ClientError(f"the task's directory {run_dir} is not where this master keeps tasks")
+        write_task_dir(plan, archive, uid=uid, gid=gid)
+        with self._tx() as s:
+            task = s.get(TaskModel, task_id)
+            assert task is not None
+            task.submit_attempted = True
+        return plan
+
+    def _paths(self) -> JobPaths:
+        return JobPaths(
+            job_storage_root=self.job_storage_root,
+            checkpoint_root="",
+            platform_root=self.platform_root,
+            python=self.python,
+        )
+
+    def _record_job(self, task_id: str, job_id: str) -> None:
+        with self._tx() as s:
+            task = s.get(TaskModel, task_id)
+            if task is not None:
+                task.slurm_job_id = job_id
+                task.submit_attempted = True
+                task.pending_reason = None
+        self.poller.watch(job_id)
+
+    def _set_pending(self, task_id: str, reason: str) -> None:
+        with self._tx() as s:
+            task = s.get(TaskModel, task_id)
+            if task is not None and task.pending_reason != reason:
+                task.pending_reason = reason
+
+    def _fail(self, task_id: str, message: str) -> None:
+        log.warning("task %s: %s", task_id, message)
+        with self._tx() as s:
+            task = s.get(TaskModel, task_id)
+            if task is not None and task.state != TaskState.TERMINATED:
+                svc.finish(task, exit_status=message)
+
+    # ---- kill -----------------------------------------------------------------------------------------
+    def cancel_killed(self) -> None:
+        """scancel the job of every killed task, each tick until the job has ended (scancel is idempotent)."""
+        with self._tx() as s:
+            jobs = list(
+                s.scalars(
+                    select(TaskModel.slurm_job_id).where(
+                        TaskModel.kill_requested.is_(True),
+                        TaskModel.state != TaskState.TERMINATED,
+                        TaskModel.slurm_job_id.is_not(None),
+                    )
+                )
+            )
+        for job_id in jobs:
+            try:
+                with self.cli.retries_at_most(0):
+                    self.cli.cancel(str(job_id))
+            except SlurmUnavailableError:
+                return
+            except SlurmError as e:
+                log.warning("scancel %s failed: %s", job_id, e)
+
+    # ---- poll -----------------------------------------------------------------------------------------
+    def poll(self) -> int:
+        with self._tx() as s:
+            live = {
+                str(t.slurm_job_id): t.id
+                for t in s.scalars(
+                    select(TaskModel).where(
+                        TaskModel.state.in_(svc.LIVE_STATES), TaskModel.slurm_job_id.is_not(None)
+                    )
+                )
+            }
+        if not live:
+            return 0
+        self.poller.watch_all(live)
+        statuses = self.poller.poll()
+        ended = 0
+        for job_id, task_id in live.items():
+            status = statuses.get(job_id)
+            if status is None:
+                continue
+            if status.outcome is Outcome.UNSCHEDULABLE:
+                try:
+                    with self.cli.retries_at_most(0):
+                        self.cli.cancel(job_id)
+                except SlurmError:
+                    continue
+            if status.is_terminal or status.outcome is Outcome.UNSCHEDULABLE:
+                self._finish(task_id, status)
+                self.poller.unwatch(job_id)
+                ended += 1
+            else:
+                self._update(task_id, status)
+        return ended
+
+    def _update(self, task_id: str, status: JobStatus) -> None:
+        with self._tx() as s:
+            task = s.get(TaskModel, task_id)
+            if task is None:
+                return
+            if status.outcome is Outcome.RUNNING:
+                if task.state == TaskState.QUEUED:
+                    task.state = TaskState.RUNNING.value
+                if status.node_list and task.node_list != status.node_list:
+                    task.node_list = status.node_list
+                if task.pending_reason is not None:
+                    task.pending_reason = None
+            elif status.outcome is Outcome.PENDING and task.pending_reason != status.reason:
+                task.pending_reason = status.reason
+
+    def _finish(self, task_id: str, status: JobStatus) -> None:
+        with self._tx() as s:
+            task = s.get(TaskModel, task_id)
+            if task is None or task.state == TaskState.TERMINATED:
+                return
+            exit_info = read_exit(Path(task.run_dir) / "exit.json")
+            code, words = exit_of(status, exit_info, killed=task.kill_requested)
+            if status.node_list and not task.node_list:
+                task.node_list = status.node_list
+            svc.finish(task, exit_status=words, exit_code=code)
+        log.info("task %s (job %s) ended: %s", task_id, status.job_id, words)
+
+
+def exit_of(status: JobStatus, exit_info: dict[str, Any] | None, *, killed: bool) -> tuple[int | None, str]:
+    """(exit code, why it ended in words) from what Slurm and the job entry's ``exit.json`` say."""
+    code = exit_info.get("exitCode") if exit_info else None
+    if not isinstance(code, int):
+        code = status.exit_code
+    slurm = f"Slurm job {status.job_id} {status.message}"
+    if killed:
+        return code, f"killed by the user ({slurm})"
+    if status.outcome is Outcome.UNSCHEDULABLE:
+        return None, f"it can never start here: {status.reason or status.message} ({slurm})"
+    if exit_info and exit_info.get("reason"):
+        stage = exit_info.get("stage")
+        reason = str(exit_info["reason"])
+        if stage not in (None, "entrypoint") and code:
+            reason = f"setup failed ({stage}): {reason}"
+        return code, reason if status.outcome is Outcome.SUCCEEDED else f"{reason} ({slurm})"
+    if status.outcome is Outcome.TIMED_OUT:
+        return code, f"reached its time limit ({slurm})"
+    return code, slurm
+
+
+def read_exit(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_task_dir(plan: TaskJobPlan, archive: bytes | None, *, uid: int | None, gid: int | None) -> None:
+    """``<root>/tasks`` (the master's: others may pass through, not list it), then the task's own directory,
+    owned by the user the job runs as, with the plan's files and the context archive."""
+    parent = os.path.dirname(plan.run_dir)
+    if os.path.basename(parent) != TASKS_DIR:
+        raise ClientError(f"unexpected task directory {plan.run_dir}")
+    os.makedirs(parent, mode=0o711, exist_ok=True)
+    make_dir(plan.run_dir, uid, gid)
+    for name, (text, mode) in plan.files().items():
+        write_text(os.path.join(plan.run_dir, name), text, mode, uid, gid)
+    if archive is not None and plan.context_path is not None:
+        write_bytes(Path(plan.context_path), archive, uid, gid)

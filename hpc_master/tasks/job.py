@@ -1,0 +1,195 @@
+"""One task → one Slurm job: a pure function, as ``hpc_master.trialjob`` is for trial runs.
+
+The job runs the same job entry as a trial (``python -S -m harness.exec.job_entry --run-dir RUN_DIR``: it
+unpacks the context into ``RUN_DIR/work``, enters the image when there is one, runs the task's command there
+and records its exit in ``exit.json``), so a task honours ``environment``, ``bind_mounts`` and the container
+runtime exactly as an experiment's trials do. A task runs once, on one node (as Determined's tasks run in one
+container): no preemption signal is asked for and nothing is restarted.
+
+Run directory ``<job_storage_root>/tasks/<task id>/``: ``plan.json``, ``cluster_info.template.json``,
+``job.sbatch``, ``context.tar.gz`` (when the task has a context), ``output.log``, ``exit.json`` and ``work/``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from typing import Any
+
+from containers.images import default_cache_dir
+from containers.job import container_section
+from harness.exec import job_plan as run_files
+from hpc_master import priority
+from hpc_master.errors import ConfigError
+from hpc_master.tasks.config import TaskConfig, TaskType
+from hpc_master.trialjob import JobPaths, PoolSpec
+from slurm_backend.render import render_sbatch_script
+from slurm_backend.resources import slots_to_nodes
+from slurm_backend.spec import JobSpec
+
+CONTEXT_FILE = "context.tar.gz"
+TASKS_DIR = "tasks"
+
+
+def task_run_dir(job_storage_root: str, task_id: str) -> str:
+    return posixpath.join(job_storage_root, TASKS_DIR, task_id)
+
+
+def task_comment(cluster_id: str, task_id: str) -> str:
+    """The Slurm comment that names the task and its master (see ``trialjob.job_comment``)."""
+    return f"hpc-det:{cluster_id.replace('-', '')[:12]}:task={task_id}"
+
+
+@dataclass(frozen=True)
+class TaskJobPlan:
+    spec: JobSpec
+    script: str
+    plan: dict[str, Any]
+    cluster_info: dict[str, Any]
+    run_dir: str
+    output_path: str
+    context_path: str | None
+
+    def files(self) -> dict[str, tuple[str, int]]:
+        import json
+
+        def dump(obj: Any) -> str:
+            return json.dumps(obj, indent=2, sort_keys=True) + "\n"
+
+        return {
+            run_files.PLAN_FILE: (dump(self.plan), 0o644),
+            run_files.CLUSTER_INFO_TEMPLATE_FILE: (dump(self.cluster_info), 0o644),
+            run_files.SCRIPT_FILE: (self.script, 0o644),
+        }
+
+
+def _time_limit(config: TaskConfig, pool: PoolSpec) -> int | None:
+    limit = config.slurm.time_limit_min or pool.default_time_limit_min
+    if limit is not None and pool.max_time_limit_min is not None and limit > pool.max_time_limit_min:
+        raise ConfigError(
+            f"{limit} minutes is over the {pool.name!r} pool's limit of {pool.max_time_limit_min} minutes",
+            field="slurm.time_limit",
+        )
+    return limit
+
+
+def _container(config: TaskConfig, pool: PoolSpec, paths: JobPaths, gpus: bool) -> dict[str, Any] | None:
+    image = config.environment.image_for("cuda" if gpus else "cpu") or pool.container_image
+    if not image:
+        return None
+    if pool.container_runtime == "none":
+        raise ConfigError(
+            f"the {pool.name!r} pool runs no container runtime (container.runtime: none), so the image "
+            f"{image!r} cannot be used",
+            field="environment.image",
+        )
+    return container_section(
+        runtime=pool.container_runtime,
+        command=pool.container_command,
+        image=image,
+        cache_dir=pool.image_cache_dir or default_cache_dir(paths.job_storage_root),
+        force_pull=config.environment.force_pull_image,
+        gpus=gpus,
+        binds=[(b.host_path, b.container_path, b.read_only) for b in config.bind_mounts],
+        platform_root=paths.platform_root.rstrip("/") or "/",
+        job_storage_root=paths.job_storage_root,
+        checkpoint_root=None,
+    )
+
+
+def build_task_job(
+    config: TaskConfig,
+    task_type: TaskType,
+    pool: PoolSpec,
+    *,
+    task_id: str,
+    argv: list[str],
+    paths: JobPaths,
+    master_url: str,
+    cluster_id: str,
+    has_context: bool,
+    max_context_bytes: int,
+) -> TaskJobPlan:
+    """`argv` is what the task runs on its node (the command, or the notebook or TensorBoard server)."""
+    if not argv:
+        raise ConfigError("the task has nothing to run", field="entrypoint")
+    shape = slots_to_nodes(
+        config.resources.slots, config.slurm.slots_per_node or pool.slots_per_node, single_node=True
+    )
+    time_limit = _time_limit(config, pool)
+    run_dir = task_run_dir(paths.job_storage_root, task_id)
+    workdir = posixpath.join(run_dir, run_files.WORK_DIR)
+    output = posixpath.join(run_dir, run_files.OUTPUT_FILE)
+    context_path = posixpath.join(run_dir, CONTEXT_FILE) if has_context else None
+    root = paths.platform_root.rstrip("/") or "/"
+    env: list[tuple[str, str]] = [
+        ("PYTHONPATH", f"{posixpath.join(root, 'determined_compat')}:{root}"),
+        ("DET_MASTER", master_url),
+        ("DET_TASK_ID", task_id),
+        ("DET_TASK_TYPE", task_type.value),
+        ("DET_ALLOCATION_ID", f"{task_id}.1"),
+        ("DET_CLUSTER_INFO", posixpath.join(run_dir, run_files.CLUSTER_INFO_FILE)),
+        ("DET_RUN_DIR", run_dir),
+    ]
+    command = (paths.python, "-S", "-m", "harness.exec.job_entry", "--run-dir", run_dir)
+    spec = JobSpec(
+        job_name=f"det-{task_type.lower()}-{task_id[:8]}",
+        comment=task_comment(cluster_id, task_id),
+        commands=(command,),
+        output_path=output,
+        workdir=run_dir,
+        partition=config.slurm.partition or pool.partition,
+        account=config.slurm.account or pool.account,
+        qos=config.slurm.qos or pool.qos,
+        time_limit_min=time_limit,
+        nodes=1,
+        ntasks_per_node=1,
+        gpus_per_node=shape.gpus_per_node,
+        gpu_type=config.slurm.gpu_type or pool.gpu_type,
+        gpu_request_style=pool.gpu_request_style,
+        mem_per_node_mb=pool.mem_per_node_mb,
+        preempt_signal=pool.preempt_signal,
+        preempt_lead_s=None,
+        env=tuple(env),
+        extra_sbatch_args=tuple(config.slurm.sbatch_args),
+        nice=priority.nice(config.resources.priority, pool.priority_nice_step),
+    )
+    user_env = config.environment.environment_variables.for_device("cuda" if shape.gpus_per_node else "cpu")
+    cluster_info: dict[str, Any] = {
+        "master_url": master_url,
+        "cluster_id": cluster_id,
+        "agent_id": "",
+        "slot_ids": list(range(shape.gpus_per_node)),
+        "task_id": task_id,
+        "allocation_id": f"{task_id}.1",
+        "session_token": "",
+        "task_type": task_type.value,
+        "latest_checkpoint": None,
+        "container_addrs": [],
+        "container_rank": 0,
+        "trial": None,
+    }
+    plan: dict[str, Any] = {
+        "version": run_files.PLAN_VERSION,
+        "entrypoint": list(argv),
+        "slots_per_trial": 1,  # run once, never under a launcher: the task's slots are all on its one node
+        "python": paths.python,
+        "context_archive": context_path,
+        "max_context_bytes": max_context_bytes,
+        "workdir": workdir,
+        "env": dict(env),
+        "user_env": user_env,
+        "preempt_signal": pool.preempt_signal,
+    }
+    container = _container(config, pool, paths, bool(shape.gpus_per_node))
+    if container is not None:
+        plan["container"] = container
+    return TaskJobPlan(
+        spec=spec,
+        script=render_sbatch_script(spec),
+        plan=plan,
+        cluster_info=cluster_info,
+        run_dir=run_dir,
+        output_path=output,
+        context_path=context_path,
+    )
