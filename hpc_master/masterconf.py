@@ -256,6 +256,9 @@ class MasterConfig(StrictModel):
     """Apptainer/Singularity for every pool (a pool's ``container`` overrides it key by key)."""
     poll_interval_s: float = Field(default=5.0, gt=0)
     """How often the master asks Slurm (one ``squeue`` for all jobs) how its jobs are doing."""
+    tensorboard_timeout: int = Field(default=300, ge=0)
+    """Seconds a TensorBoard may go without a request through the master's proxy before it is ended, freeing
+    its node (Determined's default, 300); 0: never. A task's ``idle_timeout`` overrides it."""
     security: SecurityConfig = SecurityConfig()
     """Logins and passwords (``docs/security.md``)."""
     cluster_name: str = "hpc-det"
@@ -288,6 +291,10 @@ class MasterConfig(StrictModel):
         }
 
     # Resolved views (defaults filled in from the environment at call time).
+    @property
+    def tensorboard_timeout_s(self) -> int | None:
+        return self.tensorboard_timeout or None
+
     def db_url(self) -> str:
         return self.db.url or paths.get_default_db_url()
 

@@ -85,6 +85,7 @@ container:
   image: docker://pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime
   image_cache_dir: /shared/hpc-det/images
 poll_interval_s: 5
+tensorboard_timeout: 300
 security:
   require_passwords: true
   token_ttl_hours: 168

@@ -43,7 +43,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     # The CPU build of torch lies on this machine's disk; ask for it by exact version first so that the
     # `torch>=` range of the extra is already satisfied and no CUDA build is downloaded.
     "${PIP[@]}" install torch==2.13.0 &&
-    "${PIP[@]}" install -e '.[dev,bench,mpi,torch,examples]' &&
+    "${PIP[@]}" install -e '.[dev,bench,mpi,torch,examples,interactive]' &&
     # DeepSpeed (the `deepspeed` extra) builds against the torch above (no build isolation: an isolated build
     # would fetch the newest CUDA torch), with its CPU shared-memory collective op compiled now (~50 s) rather
     # than by each user's first job: a job killed during that JIT build leaves a lock in

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hpc_master import owner_key
 from hpc_master.api import (
+    proxy,
     routes_auth,
     routes_checkpoints,
     routes_compat,
@@ -246,6 +247,11 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
     watch_stop_requests()  # the preemption long polls wait for these instead of polling the database
     app.router.on_startup.append(app.state.det.start)
     app.router.on_shutdown.append(app.state.det.close)
+
+    async def close_proxy() -> None:
+        await proxy.close(app.state.det)
+
+    app.router.on_shutdown.append(close_proxy)
     install_error_handlers(app)
     # The harness routes first: the hot metrics route is matched after fewer patterns. The UI's data
     # routes before the trials' (``/trials/time-series`` is not ``/trials/{trial_id}``).
@@ -266,6 +272,7 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
         app.include_router(module.router)
     app.include_router(routes_checkpoints.legacy)  # before the UI's pages under /experiments/
     app.include_router(routes_master.router)  # admins: GET /api/v1/master/config
+    app.include_router(proxy.router)  # /proxy/{task_id}/: notebooks and TensorBoards, owner-only
     routes_ui.install(app)  # the web UI's pages at /, its assets at /webui/
     routes_compat.install(app)  # after the UI's: a missing /api/ route's 404 says so, for Determined's client
     app.add_middleware(MetricsFastPath)

@@ -27,7 +27,7 @@ from hpc_master.services import context as ctx
 from hpc_master.services import logs, notify
 from hpc_master.tasks import service as svc
 from hpc_master.tasks.config import TaskType, parse_task_config
-from hpc_master.tasks.job import build_task_job, task_run_dir
+from hpc_master.tasks.job import build_task_job, task_argv, task_run_dir
 from hpc_master.trialjob import DEFAULT_MAX_CONTEXT_BYTES, JobPaths, pool_from_master_config
 
 router = APIRouter(prefix="/api/v1", tags=["tasks"])
@@ -70,7 +70,7 @@ def launch(state: State, principal: Any, body: LaunchTaskRequest, task_type: Tas
         task_type,
         pool,
         task_id=svc.new_task_id(),
-        argv=config.argv() or ["true"],
+        argv=task_argv(config, task_type, "python3") or ["true"],
         paths=JobPaths(job_storage_root=root, checkpoint_root="", platform_root="/hpc-det", python="python3"),
         master_url=state.config.master_url(),
         cluster_id=state.cluster_id,
@@ -96,44 +96,50 @@ def launch(state: State, principal: Any, body: LaunchTaskRequest, task_type: Tas
     return answer
 
 
-@router.post("/commands")
-def launch_command(body: LaunchTaskRequest, state: State, principal: UserPrincipal) -> dict[str, Any]:
-    return launch(state, principal, body, TaskType.COMMAND)
+def _add_typed_routes(plural: str, task_type: TaskType) -> None:
+    """Determined's launch, list, get and kill routes of one task type (``/commands``, ``/notebooks``, …)."""
+    key = task_type.lower()
+
+    def launch_route(body: LaunchTaskRequest, state: State, principal: UserPrincipal) -> dict[str, Any]:
+        return launch(state, principal, body, task_type)
+
+    def list_route(
+        state: State,
+        principal: UserPrincipal,
+        users: Annotated[list[str], Query(max_length=100)] = [],  # noqa: B006
+        limit: Limit = 1000,
+    ) -> dict[str, Any]:
+        with state.tx() as session:
+            rows = svc.list_tasks(
+                session, principal, task_type, everyone=True, usernames=users, limit=_limit(limit)
+            )
+            return {plural: [svc.task_to_api(t, u) for t, u in rows], "pagination": None}
+
+    def get_route(task_id: TaskId, state: State, principal: UserPrincipal) -> dict[str, Any]:
+        with state.tx() as session:
+            task = svc.get_task(session, principal, task_id, task_type)
+            owner = session.get(UserModel, task.owner_id)
+            assert owner is not None
+            return {key: svc.task_to_api(task, owner), "config": task.config}
+
+    def kill_route(task_id: TaskId, state: State, principal: UserPrincipal) -> dict[str, Any]:
+        with state.tx() as session:
+            task = svc.get_task(session, principal, task_id, task_type)
+            svc.kill_task(session, task)
+            owner = session.get(UserModel, task.owner_id)
+            assert owner is not None
+            answer = {key: svc.task_to_api(task, owner)}
+        notify.changed()
+        return answer
+
+    router.add_api_route(f"/{plural}", launch_route, methods=["POST"], name=f"launch_{key}")
+    router.add_api_route(f"/{plural}", list_route, methods=["GET"], name=f"list_{plural}")
+    router.add_api_route(f"/{plural}/{{task_id}}", get_route, methods=["GET"], name=f"get_{key}")
+    router.add_api_route(f"/{plural}/{{task_id}}/kill", kill_route, methods=["POST"], name=f"kill_{key}")
 
 
-@router.get("/commands")
-def list_commands(
-    state: State,
-    principal: UserPrincipal,
-    users: Annotated[list[str], Query(max_length=100)] = [],  # noqa: B006
-    limit: Limit = 1000,
-) -> dict[str, Any]:
-    with state.tx() as session:
-        rows = svc.list_tasks(
-            session, principal, TaskType.COMMAND, everyone=True, usernames=users, limit=_limit(limit)
-        )
-        return {"commands": [svc.task_to_api(t, u) for t, u in rows], "pagination": None}
-
-
-@router.get("/commands/{task_id}")
-def get_command(task_id: TaskId, state: State, principal: UserPrincipal) -> dict[str, Any]:
-    with state.tx() as session:
-        task = svc.get_task(session, principal, task_id, TaskType.COMMAND)
-        owner = session.get(UserModel, task.owner_id)
-        assert owner is not None
-        return {"command": svc.task_to_api(task, owner), "config": task.config}
-
-
-@router.post("/commands/{task_id}/kill")
-def kill_command(task_id: TaskId, state: State, principal: UserPrincipal) -> dict[str, Any]:
-    with state.tx() as session:
-        task = svc.get_task(session, principal, task_id, TaskType.COMMAND)
-        svc.kill_task(session, task)
-        owner = session.get(UserModel, task.owner_id)
-        assert owner is not None
-        answer = {"command": svc.task_to_api(task, owner)}
-    notify.changed()
-    return answer
+_add_typed_routes("commands", TaskType.COMMAND)
+_add_typed_routes("notebooks", TaskType.NOTEBOOK)
 
 
 @router.get("/tasks")

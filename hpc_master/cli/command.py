@@ -45,30 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("-d", "--detach", action="store_true", help="print the task id and return at once")
     p.set_defaults(func=_run)
 
-    p = cmd_sub.add_parser("list", aliases=["ls"], help="list your commands (--all: everyone's, for admins)")
-    p.add_argument("-a", "--all", action="store_true", help="every user's commands (admins)")
-    p.add_argument("-q", "--quiet", action="store_true", help="only the ids")
-    add_format_flags(p)
-    p.set_defaults(func=_list)
-
-    p = cmd_sub.add_parser("describe", help="show a command")
-    p.add_argument("task_id", metavar="ID")
-    add_format_flags(p, csv=False)
-    p.set_defaults(func=_describe)
-
-    p = cmd_sub.add_parser("config", help="print a command's config (YAML)")
-    p.add_argument("task_id", metavar="ID")
-    p.set_defaults(func=_config)
-
-    p = cmd_sub.add_parser("logs", help="print a command's output")
-    p.add_argument("task_id", metavar="ID")
-    p.add_argument("-f", "--follow", action="store_true", help="keep streaming until the command ends")
-    p.set_defaults(func=_logs)
-
-    p = cmd_sub.add_parser("kill", help="kill commands (their Slurm jobs are cancelled)")
-    p.add_argument("task_ids", metavar="ID", nargs="+")
-    p.add_argument("-f", "--force", action="store_true", help="go on past errors")
-    p.set_defaults(func=_kill)
+    add_common(cmd_sub, "commands", "command")
 
     task = sub.add_parser("task", help="every task of yours: commands, notebooks, shells, TensorBoards")
     task_sub = task.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -79,6 +56,34 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("task_id", metavar="ID")
     p.add_argument("-f", "--follow", action="store_true", help="keep streaming until the task ends")
     p.set_defaults(func=_logs)
+
+
+def add_common(sub: argparse._SubParsersAction, plural: str, key: str) -> None:  # type: ignore[type-arg]
+    """list, describe, config, logs and kill: the same for commands, notebooks, shells and TensorBoards."""
+    p = sub.add_parser("list", aliases=["ls"], help=f"list your {plural} (--all: everyone's, for admins)")
+    p.add_argument("-a", "--all", action="store_true", help=f"every user's {plural} (admins)")
+    p.add_argument("-q", "--quiet", action="store_true", help="only the ids")
+    add_format_flags(p)
+    p.set_defaults(func=_list, plural=plural)
+
+    p = sub.add_parser("describe", help=f"show a {key}")
+    p.add_argument("task_id", metavar="ID")
+    add_format_flags(p, csv=False)
+    p.set_defaults(func=_describe, plural=plural, key=key)
+
+    p = sub.add_parser("config", help=f"print a {key}'s config (YAML)")
+    p.add_argument("task_id", metavar="ID")
+    p.set_defaults(func=_config, plural=plural)
+
+    p = sub.add_parser("logs", help=f"print a {key}'s output")
+    p.add_argument("task_id", metavar="ID")
+    p.add_argument("-f", "--follow", action="store_true", help=f"keep streaming until the {key} ends")
+    p.set_defaults(func=_logs)
+
+    p = sub.add_parser("kill", help=f"kill {plural} (their Slurm jobs are cancelled)")
+    p.add_argument("task_ids", metavar="ID", nargs="+")
+    p.add_argument("-f", "--force", action="store_true", help="go on past errors")
+    p.set_defaults(func=_kill, plural=plural, key=key)
 
 
 # ---------------------------------------------------------------- run
@@ -207,7 +212,7 @@ def _row(c: dict[str, Any]) -> list[Any]:
 def _list(args: argparse.Namespace) -> int:
     session = session_from_args(args)
     params = {} if args.all else {"users": session.username}
-    commands = session.call("GET", "/api/v1/commands", params=params)["commands"]
+    commands = session.call("GET", f"/api/v1/{args.plural}", params=params)[args.plural]
     if args.quiet:
         for c in commands:
             print(c["id"])
@@ -217,13 +222,15 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    answer = session_from_args(args).call("GET", f"/api/v1/commands/{args.task_id}")
+    answer = session_from_args(args).call("GET", f"/api/v1/{args.plural}/{args.task_id}")
     if args.json:
         print_json(answer)
         return 0
-    c = answer["command"]
+    c = answer[args.key]
     pairs = list(zip(HEADERS, _row(c), strict=True))
     pairs += [("Exit status", c.get("exitStatus") or ""), ("Waiting for", c.get("pendingReason") or "")]
+    if c.get("serviceAddress"):
+        pairs.append(("URL", f"{session_from_args(args).master}{c['serviceAddress']}"))
     print(key_values(pairs))
     return 0
 
@@ -231,7 +238,7 @@ def _describe(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> int:
     from hpc_master.cli._output import print_document
 
-    print_document(session_from_args(args).call("GET", f"/api/v1/commands/{args.task_id}")["config"])
+    print_document(session_from_args(args).call("GET", f"/api/v1/{args.plural}/{args.task_id}")["config"])
     return 0
 
 
@@ -245,14 +252,14 @@ def _kill(args: argparse.Namespace) -> int:
     failed = 0
     for task_id in args.task_ids:
         try:
-            c = session.call("POST", f"/api/v1/commands/{task_id}/kill")["command"]
+            c = session.call("POST", f"/api/v1/{args.plural}/{task_id}/kill")[args.key]
         except ClientError as err:
             if not args.force:
                 raise
             print(f"Skipping {task_id}: {err}", file=sys.stderr)
             failed += 1
             continue
-        print(f"Killed command {task_id} ({state(c['state'])})")
+        print(f"Killed {args.key} {task_id} ({state(c['state'])})")
     return 1 if failed else 0
 
 

@@ -9,7 +9,18 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
-from hpc_master.cli import checkpoint, command, deploy, experiment, master, model, preview, trial, user
+from hpc_master.cli import (
+    checkpoint,
+    command,
+    deploy,
+    experiment,
+    master,
+    model,
+    notebook,
+    preview,
+    trial,
+    user,
+)
 from hpc_master.errors import ClientError, ConfigError, DetError
 
 # Modules that add sub-commands: each has `register(subparsers)`.
@@ -23,6 +34,7 @@ COMMAND_MODULES: list[Callable[[argparse._SubParsersAction], None]] = [  # type:
     master.register,
     preview.register,
     command.register,
+    notebook.register,
 ]
 
 

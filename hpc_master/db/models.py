@@ -364,6 +364,10 @@ class TaskModel(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     exit_status: Mapped[str | None] = mapped_column(Text, nullable=True)
     """Why it ended, in words (Determined's ``exitStatus``)."""
+    service_address: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    """``host:port`` of a notebook's or TensorBoard's server once it answers: where ``/proxy/<id>/`` goes."""
+    last_activity: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    """The last request through the proxy (or the last moment a WebSocket was open): idle timeouts count from it."""
     version: Mapped[int] = mapped_column(Integer, default=0)
     start_time: Mapped[dt.datetime] = mapped_column(default=utcnow)
     end_time: Mapped[dt.datetime | None] = mapped_column(nullable=True)

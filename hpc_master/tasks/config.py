@@ -12,8 +12,9 @@ something on Kubernetes (``pod_spec``, ``pbs``) are accepted and ignored.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 
@@ -24,6 +25,26 @@ from hpc_master.expconf._errors import config_error, to_config_error
 MAX_ENTRYPOINT_ARGS = 1024
 MAX_ENTRYPOINT_CHARS = 64 * 1024
 IGNORED = {"pod_spec": "is for Kubernetes", "pbs": "is for PBS"}
+
+
+_DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d)?\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_s(value: int | str) -> int:
+    """``300``, ``"300s"``, ``"30m"``, ``"2h"`` → seconds (at least 1)."""
+    if isinstance(value, bool):
+        raise ValueError("expected seconds or a duration such as '30m'")
+    if isinstance(value, int):
+        seconds = value
+    else:
+        m = _DURATION.match(value)
+        if not m:
+            raise ValueError(f"expected seconds or a duration such as '30m' or '2h', got {value!r}")
+        seconds = int(m.group(1)) * _UNIT_S[m.group(2) or "s"]
+    if not 1 <= seconds <= 366 * 86400:
+        raise ValueError(f"must be between 1 second and a year, got {value!r}")
+    return seconds
 
 
 class TaskType(enum.StrEnum):
@@ -53,6 +74,21 @@ class TaskConfig(StrictModel):
     bind_mounts: list[BindMount] = Field(default_factory=list)
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
     debug: bool = False
+    idle_timeout: int | str | None = None
+    """A notebook's or TensorBoard's: ended after this long with no traffic through the proxy (``30m``)."""
+    notebook_idle_type: Literal["kernels_or_terminals", "kernel_connections", "activity"] = (
+        "kernels_or_terminals"
+    )
+
+    @field_validator("idle_timeout")
+    @classmethod
+    def _idle(cls, v: int | str | None) -> int | str | None:
+        if v is not None:
+            duration_s(v)
+        return v
+
+    def idle_timeout_s(self) -> int | None:
+        return None if self.idle_timeout is None else duration_s(self.idle_timeout)
 
     @field_validator("entrypoint")
     @classmethod

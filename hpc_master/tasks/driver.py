@@ -7,10 +7,13 @@ and a task so marked with no job id is looked for by its job comment before anot
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
 import pwd
+import secrets
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,12 +23,20 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from hpc_master.db.engine import transaction
-from hpc_master.db.models import TaskModel, UserModel
+from hpc_master.db.models import TaskModel, UserModel, utcnow
 from hpc_master.errors import ClientError, SlurmError
 from hpc_master.masterconf import MasterConfig
 from hpc_master.tasks import service as svc
-from hpc_master.tasks.config import TaskType, parse_task_config
-from hpc_master.tasks.job import TASKS_DIR, TaskJobPlan, build_task_job, task_comment
+from hpc_master.tasks.config import TaskType, duration_s, parse_task_config
+from hpc_master.tasks.job import (
+    SERVICE_FILE,
+    SERVICE_TYPES,
+    TASKS_DIR,
+    TaskJobPlan,
+    build_task_job,
+    task_argv,
+    task_comment,
+)
 from hpc_master.trialjob import DEFAULT_MAX_CONTEXT_BYTES, JobPaths, pool_from_master_config
 from hpc_master.trialjob_files import make_dir, write_bytes, write_text
 from slurm_backend import JobStatus, Outcome, Poller, SlurmCli
@@ -68,7 +79,7 @@ class TaskDriver:
 
     def tick(self) -> None:
         """One pass; one task's trouble never stops the others (it is logged and tried again next tick)."""
-        for step in (self.cancel_killed, self.submit_queued, self.poll):
+        for step in (self.end_idle, self.cancel_killed, self.submit_queued, self.poll):
             try:
                 step()
             except Exception:
@@ -177,7 +188,7 @@ class TaskDriver:
             task_type,
             pool_from_master_config(self.config, config.resources.resource_pool),
             task_id=task_id,
-            argv=config.argv(),
+            argv=task_argv(config, task_type, self.python),
             paths=self._paths(),
             master_url=self.master_url,
             cluster_id=self.cluster_id,
@@ -186,7 +197,8 @@ class TaskDriver:
         )
         if plan.run_dir != run_dir:  # the job storage root moved since the task was created
             raise ClientError(f"the task's directory {run_dir} is not where this master keeps tasks")
-        write_task_dir(plan, archive, uid=uid, gid=gid)
+        token = secrets.token_urlsafe(32) if task_type in SERVICE_TYPES else None
+        write_task_dir(plan, archive, uid=uid, gid=gid, service_token=token)
         with self._tx() as s:
             task = s.get(TaskModel, task_id)
             assert task is not None
@@ -280,10 +292,17 @@ class TaskDriver:
         return ended
 
     def _update(self, task_id: str, status: JobStatus) -> None:
+        discover: str | None = None
         with self._tx() as s:
             task = s.get(TaskModel, task_id)
             if task is None:
                 return
+            if (
+                status.outcome is Outcome.RUNNING
+                and task.service_address is None
+                and TaskType(task.task_type) in SERVICE_TYPES
+            ):
+                discover = task.run_dir
             if status.outcome is Outcome.RUNNING:
                 if task.state == TaskState.QUEUED:
                     task.state = TaskState.RUNNING.value
@@ -293,6 +312,37 @@ class TaskDriver:
                     task.pending_reason = None
             elif status.outcome is Outcome.PENDING and task.pending_reason != status.reason:
                 task.pending_reason = status.reason
+        if discover is not None:
+            address = service_address(Path(discover) / SERVICE_FILE)
+            if address is not None:
+                with self._tx() as s:
+                    task = s.get(TaskModel, task_id)
+                    if task is not None and task.state == TaskState.RUNNING:
+                        task.service_address = address
+                        task.last_activity = utcnow()
+                log.info("task %s: its server answers at %s", task_id, address)
+
+    def end_idle(self, now: dt.datetime | None = None) -> int:
+        """Kill the notebooks and TensorBoards that had no traffic through the proxy for their idle timeout
+        (a notebook's ``idle_timeout``; a TensorBoard's, or else the master's ``tensorboard_timeout``)."""
+        now = now or utcnow()
+        ended = 0
+        with self._tx() as s:
+            for task in s.scalars(
+                select(TaskModel).where(
+                    TaskModel.state == TaskState.RUNNING, TaskModel.service_address.is_not(None)
+                )
+            ):
+                timeout = idle_timeout_s(task, self.config.tensorboard_timeout_s)
+                if timeout is None or task.last_activity is None:
+                    continue
+                idle = (now - task.last_activity).total_seconds()
+                if idle >= timeout:
+                    svc.kill_task(s, task)
+                    task.exit_status = f"idle for {int(idle)} s, over its idle timeout of {timeout} s"
+                    log.info("task %s: %s; cancelling its job", task.id, task.exit_status)
+                    ended += 1
+        return ended
 
     def _finish(self, task_id: str, status: JobStatus) -> None:
         with self._tx() as s:
@@ -301,6 +351,8 @@ class TaskDriver:
                 return
             exit_info = read_exit(Path(task.run_dir) / "exit.json")
             code, words = exit_of(status, exit_info, killed=task.kill_requested)
+            if task.kill_requested and task.exit_status and task.exit_status.startswith("idle for"):
+                words = f"{task.exit_status} ({words.removeprefix('killed by the user (')}"
             if status.node_list and not task.node_list:
                 task.node_list = status.node_list
             svc.finish(task, exit_status=words, exit_code=code)
@@ -328,6 +380,29 @@ def exit_of(status: JobStatus, exit_info: dict[str, Any] | None, *, killed: bool
     return code, slurm
 
 
+def idle_timeout_s(task: TaskModel, tensorboard_timeout_s: int | None) -> int | None:
+    raw = task.config.get("idle_timeout")
+    if raw is not None:
+        return duration_s(raw)
+    return tensorboard_timeout_s if task.task_type == TaskType.TENSORBOARD else None
+
+
+def service_address(path: Path, timeout_s: float = 0.5) -> str | None:
+    """``host:port`` from the job's ``service.json`` once something accepts connections there, else None."""
+    info = read_exit(path)
+    if info is None:
+        return None
+    host, port = info.get("host"), info.get("port")
+    if not isinstance(host, str) or not isinstance(port, int) or not 0 < port < 65536:
+        return None
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError:
+        return None
+    return f"{host}:{port}"
+
+
 def read_exit(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
@@ -336,7 +411,14 @@ def read_exit(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def write_task_dir(plan: TaskJobPlan, archive: bytes | None, *, uid: int | None, gid: int | None) -> None:
+def write_task_dir(
+    plan: TaskJobPlan,
+    archive: bytes | None,
+    *,
+    uid: int | None,
+    gid: int | None,
+    service_token: str | None = None,
+) -> None:
     """``<root>/tasks`` (the master's: others may pass through, not list it), then the task's own directory,
     owned by the user the job runs as, with the plan's files and the context archive."""
     parent = os.path.dirname(plan.run_dir)
@@ -344,7 +426,7 @@ def write_task_dir(plan: TaskJobPlan, archive: bytes | None, *, uid: int | None,
         raise ClientError(f"unexpected task directory {plan.run_dir}")
     os.makedirs(parent, mode=0o711, exist_ok=True)
     make_dir(plan.run_dir, uid, gid)
-    for name, (text, mode) in plan.files().items():
+    for name, (text, mode) in plan.files(service_token).items():
         write_text(os.path.join(plan.run_dir, name), text, mode, uid, gid)
     if archive is not None and plan.context_path is not None:
         write_bytes(Path(plan.context_path), archive, uid, gid)

@@ -31,6 +31,20 @@ CONTEXT_FILE = "context.tar.gz"
 TASKS_DIR = "tasks"
 
 
+SERVICE_FILE = "service.json"  # harness.exec.serve writes it: {"host", "port", "pid"}
+SERVICE_TOKEN_FILE = "service_token"  # the master writes it (0600): the server requires it, the proxy adds it
+SERVICE_TYPES = frozenset({TaskType.NOTEBOOK, TaskType.TENSORBOARD})
+
+
+def task_argv(config: TaskConfig, task_type: TaskType, python: str) -> list[str]:
+    """What the task's job runs: a command's entrypoint, or the server of a notebook or TensorBoard."""
+    if task_type is TaskType.NOTEBOOK:
+        return [python, "-m", "harness.exec.serve", "notebook"]
+    if task_type is TaskType.TENSORBOARD:
+        return [python, "-m", "harness.exec.serve", "tensorboard"]
+    return config.argv()
+
+
 def task_run_dir(job_storage_root: str, task_id: str) -> str:
     return posixpath.join(job_storage_root, TASKS_DIR, task_id)
 
@@ -50,17 +64,20 @@ class TaskJobPlan:
     output_path: str
     context_path: str | None
 
-    def files(self) -> dict[str, tuple[str, int]]:
+    def files(self, service_token: str | None = None) -> dict[str, tuple[str, int]]:
         import json
 
         def dump(obj: Any) -> str:
             return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
-        return {
+        files = {
             run_files.PLAN_FILE: (dump(self.plan), 0o644),
             run_files.CLUSTER_INFO_TEMPLATE_FILE: (dump(self.cluster_info), 0o644),
             run_files.SCRIPT_FILE: (self.script, 0o644),
         }
+        if service_token is not None:
+            files[SERVICE_TOKEN_FILE] = (service_token + "\n", 0o600)
+        return files
 
 
 def _time_limit(config: TaskConfig, pool: PoolSpec) -> int | None:

@@ -190,6 +190,8 @@ def task_to_api(task: TaskModel, owner: UserModel) -> dict[str, Any]:
         "pendingReason": task.pending_reason,
         "workspaceId": WORKSPACE_ID,
         "taskType": task.task_type,
+        "serviceAddress": f"/proxy/{task.id}/" if task.service_address else "",
+        "isReady": bool(task.service_address) and task.state == TaskState.RUNNING,
     }
 
 

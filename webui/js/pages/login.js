@@ -14,7 +14,10 @@ export function render(root, _params, { navigate, onLogin }) {
       await api("/auth/login", { method: "POST", params: { cookie: "true" }, body: { username: username.value, password: password.value } });
       onLogin(await api("/webui/session"));
       const next = new URLSearchParams(location.search).get("next");
-      navigate(next && next.startsWith("/") && !next.startsWith("//") ? next : "/experiments", { replace: true });
+      const local = next && next.startsWith("/") && !next.startsWith("//") ? next : "/experiments";
+      // A notebook or TensorBoard (the master's proxy) is not a page of this app: load it.
+      if (local.startsWith("/proxy/")) location.replace(local);
+      else navigate(local, { replace: true });
     } catch (e) {
       error.textContent = e instanceof ApiError && e.status === 429
         ? "Too many failed attempts: wait a little and try again."

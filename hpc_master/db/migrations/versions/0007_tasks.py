@@ -36,6 +36,8 @@ def upgrade() -> None:
         sa.Column("kill_requested", sa.Boolean(), nullable=False),
         sa.Column("exit_code", sa.Integer(), nullable=True),
         sa.Column("exit_status", sa.Text(), nullable=True),
+        sa.Column("service_address", sa.String(length=256), nullable=True),
+        sa.Column("last_activity", sa.DateTime(timezone=True), nullable=True),
         sa.Column("version", sa.Integer(), nullable=False),
         sa.Column("start_time", sa.DateTime(timezone=True), nullable=False),
         sa.Column("end_time", sa.DateTime(timezone=True), nullable=True),

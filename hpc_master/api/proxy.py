@@ -1,0 +1,344 @@
+"""``/proxy/{task_id}/…``: HTTP and WebSocket traffic to a notebook's or TensorBoard's server on its node.
+
+Compute nodes are not reachable from a laptop; the master is. The proxy lets through only the task's owner
+(the web UI's session cookie, or a bearer token) and admins with a bearer token: a page served here runs on
+the master's origin, so an admin's browser never opens another user's page with the admin's cookie. For a
+cookie, requests that change something must come from the master's own pages (``Sec-Fetch-Site`` or
+``Origin``), as the API's CSRF check requires. The master's cookies and ``Authorization`` never reach the
+server; the proxy adds the task's server token (``service_token``, which the server requires: other users on
+the cluster network cannot use the port directly).
+
+Each request costs one cached lookup (task → address and token, kept ``TARGET_TTL_S``) and the forward
+itself; the bodies stream both ways. A WebSocket is pumped both ways until either side closes, and is closed
+when the job ends (the server's end of the connection goes away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, Request, WebSocket
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+from starlette.websockets import WebSocketDisconnect
+
+from hpc_master.api import session_cookie
+from hpc_master.api.deps import AppState, app_state
+from hpc_master.api.routes_tasks import TASK_ID_PATTERN
+from hpc_master.auth import hash_token
+from hpc_master.db.models import TaskModel, utcnow
+from hpc_master.errors import PermissionDeniedError, UnauthenticatedError
+from hpc_master.services import users
+from hpc_master.services.users import Principal
+from hpc_master.tasks.job import SERVICE_TOKEN_FILE
+from hpc_master.tasks.service import TaskState
+
+log = logging.getLogger(__name__)
+router = APIRouter(include_in_schema=False)
+
+TARGET_TTL_S = 2.0
+ACTIVITY_WRITE_S = 30.0
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+     "transfer-encoding", "upgrade", "host", "authorization", "cookie", "content-length"}
+)  # fmt: skip
+OUR_COOKIES = frozenset({session_cookie.SESSION_COOKIE, session_cookie.CSRF_COOKIE})
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+METHODS = ["GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE"]
+
+
+class ProxyError(Exception):
+    def __init__(self, status: int, code: str, message: str, *, retry: bool = False) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.retry = status, code, message, retry
+
+
+@dataclass(frozen=True)
+class Target:
+    task_id: str
+    address: str
+    token: str
+    description: str
+
+
+class Targets:
+    """Task id → where its server is and its token, for a few seconds (the proxy's one lookup per request),
+    and when each task's activity was last written."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, str], tuple[float, Target]] = {}
+        self._written: dict[str, float] = {}
+        self.client: httpx.AsyncClient | None = None
+
+    def http(self) -> httpx.AsyncClient:
+        if self.client is None:
+            self.client = httpx.AsyncClient(
+                timeout=httpx.Timeout(None, connect=10.0), follow_redirects=False, trust_env=False,
+                limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
+            )  # fmt: skip
+        return self.client
+
+    def get(self, key: tuple[str, str]) -> Target | None:
+        hit = self._cache.get(key)
+        if hit is not None and time.monotonic() - hit[0] < TARGET_TTL_S:
+            return hit[1]
+        self._cache.pop(key, None)
+        return None
+
+    def put(self, key: tuple[str, str], target: Target) -> None:
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[key] = (time.monotonic(), target)
+
+    def forget(self, task_id: str) -> None:
+        for key in [k for k in self._cache if k[1] == task_id]:
+            self._cache.pop(key, None)
+
+    def due(self, task_id: str) -> bool:
+        now = time.monotonic()
+        if now - self._written.get(task_id, float("-inf")) < ACTIVITY_WRITE_S:
+            return False
+        self._written[task_id] = now
+        return True
+
+
+def targets(state: AppState) -> Targets:
+    found = getattr(state, "proxy_targets", None)
+    if found is None:
+        found = Targets()
+        state.proxy_targets = found  # type: ignore[attr-defined]
+    return found
+
+
+def _token(headers: Any, cookies: dict[str, str]) -> tuple[str, bool]:
+    """(token, from a cookie)."""
+    header = headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip(), False
+    cookie = cookies.get(session_cookie.SESSION_COOKIE, "").strip()
+    if cookie:
+        return cookie, True
+    raise ProxyError(401, "unauthenticated", "log in to the web UI first (or send a bearer token)")
+
+
+def _same_origin(headers: Any) -> bool:
+    site = headers.get("sec-fetch-site")
+    if site is not None:
+        return bool(site in ("same-origin", "none"))
+    origin = headers.get("origin")
+    if origin is None:
+        return True  # not a browser's cross-origin request: browsers send Origin on those
+    host = headers.get("host", "")
+    return bool(origin.split("://", 1)[-1] == host)
+
+
+def _lookup(state: AppState, token: str, task_id: str, by_cookie: bool) -> Target:
+    with state.tx() as session:
+        try:
+            principal: Principal = users.authenticate(session, token, state.tokens)
+            principal.require_user()
+        except UnauthenticatedError as e:
+            raise ProxyError(401, "unauthenticated", str(e)) from None
+        except PermissionDeniedError as e:
+            raise ProxyError(403, "permission_denied", str(e)) from None
+        task = session.get(TaskModel, task_id)
+        mine = task is not None and task.owner_id == principal.user_id
+        if task is None or not (mine or principal.admin):
+            raise ProxyError(404, "not_found", f"task {task_id} not found")
+        if not mine and by_cookie:
+            raise ProxyError(
+                403, "permission_denied",
+                f"task {task_id} is another user's: an admin reaches it with a bearer token, never with the "
+                "web UI's cookie (its pages would run with the admin's session)",
+            )  # fmt: skip
+        if task.state == TaskState.TERMINATED:
+            raise ProxyError(
+                410, "ended", f"task {task_id} has ended: {task.exit_status or 'no reason recorded'}"
+            )
+        if task.state == TaskState.TERMINATING:
+            raise ProxyError(410, "ended", f"task {task_id} is ending: its job is being cancelled")
+        if task.state != TaskState.RUNNING or not task.service_address:
+            where = f"waiting in Slurm ({task.pending_reason})" if task.pending_reason else "starting"
+            raise ProxyError(503, "not_ready", f"task {task_id} is {where}", retry=True)
+        run_dir, address, description = task.run_dir, task.service_address, task.description
+    try:
+        server_token = (Path(run_dir) / SERVICE_TOKEN_FILE).read_text().strip()
+    except OSError as e:
+        raise ProxyError(502, "no_token", f"cannot read the server's token: {e.strerror}") from None
+    return Target(task_id, address, server_token, description)
+
+
+async def resolve(
+    state: AppState, headers: Any, cookies: dict[str, str], task_id: str, method: str
+) -> Target:
+    if not _valid_id(task_id):
+        raise ProxyError(404, "not_found", f"task {task_id} not found")
+    token, by_cookie = _token(headers, cookies)
+    if by_cookie and method not in SAFE_METHODS and not _same_origin(headers):
+        raise ProxyError(403, "csrf", "a request from another site cannot use your session")
+    key = (hash_token(token), task_id)
+    cache = targets(state)
+    target = cache.get(key)
+    if target is None:
+        target = await run_in_threadpool(_lookup, state, token, task_id, by_cookie)
+        cache.put(key, target)
+    if cache.due(task_id):
+        await run_in_threadpool(_touch, state, task_id)
+    return target
+
+
+def _valid_id(task_id: str) -> bool:
+    import re
+
+    return re.fullmatch(TASK_ID_PATTERN.strip("^$"), task_id) is not None
+
+
+def _touch(state: AppState, task_id: str) -> None:
+    with contextlib.suppress(Exception), state.tx() as session:
+        task = session.get(TaskModel, task_id)
+        if task is not None and task.state == TaskState.RUNNING:
+            task.last_activity = utcnow()
+
+
+def _forward_headers(headers: Any, token: str, host: str) -> list[tuple[str, str]]:
+    out = [(k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP]
+    cookies = [
+        c.strip()
+        for c in headers.get("cookie", "").split(";")
+        if c.strip() and c.split("=", 1)[0].strip() not in OUR_COOKIES
+    ]
+    if cookies:
+        out.append(("cookie", "; ".join(cookies)))
+    out += [("authorization", f"token {token}"), ("host", host)]
+    return out
+
+
+def _error_response(request: Request, err: ProxyError) -> Response:
+    if err.status == 401 and "text/html" in request.headers.get("accept", "") and request.method == "GET":
+        from urllib.parse import quote
+
+        return Response(status_code=303, headers={"location": f"/login?next={quote(request.url.path)}"})
+    if err.retry and "text/html" in request.headers.get("accept", ""):
+        page = (
+            "<!doctype html><meta charset=utf-8><meta http-equiv=refresh content=2><title>Starting…</title>"
+            f"<body style='font:16px system-ui;margin:3em'><h1>Starting…</h1><p>{_html(err.message)}. "
+            "This page reloads until the server answers.</p>"
+        )
+        return HTMLResponse(page, status_code=503, headers={"retry-after": "2"})
+    return JSONResponse({"code": err.code, "message": err.message}, status_code=err.status)
+
+
+def _html(text: str) -> str:
+    import html
+
+    return html.escape(text)
+
+
+@router.api_route("/proxy/{task_id}/{path:path}", methods=METHODS)
+async def proxy_http(task_id: str, path: str, request: Request) -> Response:
+    state = app_state(request)
+    try:
+        target = await resolve(state, request.headers, dict(request.cookies), task_id, request.method)
+    except ProxyError as err:
+        return _error_response(request, err)
+    url = f"http://{target.address}/proxy/{task_id}/{path}"
+    if request.url.query:
+        url += f"?{request.url.query}"
+    client = targets(state).http()
+    upstream_request = client.build_request(
+        request.method, url, headers=_forward_headers(request.headers, target.token, request.headers.get("host", "")),
+        content=await request.body() if request.method not in SAFE_METHODS else None,
+    )  # fmt: skip
+    try:
+        upstream = await client.send(upstream_request, stream=True)
+    except httpx.HTTPError as e:
+        targets(state)._cache.clear()
+        return JSONResponse(
+            {"code": "upstream_unreachable", "message": f"the task's server does not answer: {e}"},
+            status_code=502,
+        )
+    response = StreamingResponse(
+        upstream.aiter_raw(), status_code=upstream.status_code, background=BackgroundTask(upstream.aclose)
+    )
+    response.raw_headers = [
+        (k.encode("latin-1"), v.encode("latin-1"))
+        for k, v in upstream.headers.multi_items()
+        if k.lower() not in HOP_BY_HOP - {"content-length"}
+    ]
+    return response
+
+
+@router.websocket("/proxy/{task_id}/{path:path}")
+async def proxy_ws(websocket: WebSocket, task_id: str, path: str) -> None:
+    from websockets.asyncio.client import connect
+
+    state: AppState = websocket.app.state.det
+    if not _same_origin(websocket.headers):
+        await websocket.close(code=1008, reason="a WebSocket from another site cannot use your session")
+        return
+    try:
+        target = await resolve(state, websocket.headers, dict(websocket.cookies), task_id, "GET")
+    except ProxyError as err:
+        await websocket.close(code=1008, reason=err.message[:120])
+        return
+    url = f"ws://{target.address}/proxy/{task_id}/{path}"
+    if websocket.url.query:
+        url += f"?{websocket.url.query}"
+    protocols = [
+        p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()
+    ]
+    try:
+        upstream = await connect(
+            url, additional_headers={"Authorization": f"token {target.token}"},
+            subprotocols=protocols or None, max_size=None, open_timeout=10, ping_interval=None,  # type: ignore[arg-type]
+        )  # fmt: skip
+    except Exception as e:  # refused, timed out, a handshake the server rejected
+        await websocket.close(code=1011, reason=f"the task's server refused: {e}"[:120])
+        return
+    await websocket.accept(subprotocol=upstream.subprotocol)
+
+    async def downstream() -> None:
+        async for data in upstream:
+            if isinstance(data, str):
+                await websocket.send_text(data)
+            else:
+                await websocket.send_bytes(data)
+
+    async def upstream_pump() -> None:
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text")
+            await upstream.send(text if text is not None else message.get("bytes") or b"")
+
+    async def keep_active() -> None:
+        while True:
+            await asyncio.sleep(ACTIVITY_WRITE_S)
+            await run_in_threadpool(_touch, state, task_id)
+
+    pumps = [asyncio.create_task(c) for c in (downstream(), upstream_pump(), keep_active())]
+    try:
+        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for p in pumps:
+            p.cancel()
+        code = upstream.close_code or 1000
+        await upstream.close()
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+            await websocket.close(code=1001 if code in (1005, 1006) else code)
+
+
+async def close(state: AppState) -> None:
+    client = getattr(state, "proxy_targets", None)
+    if client is not None and client.client is not None:
+        await client.client.aclose()

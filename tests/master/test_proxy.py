@@ -1,0 +1,250 @@
+"""The master's ``/proxy/{task_id}/`` against a real server on a real port (a small app that, as JupyterLab
+does, requires ``Authorization: token …`` and serves under ``/proxy/<id>/``): who gets through, what is
+forwarded (and what never is), WebSockets both ways, and the end of a task. JupyterLab itself, through the
+proxy from a job on the local cluster, is tests/e2e/test_notebooks.py's."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from hpc_master.api import proxy, session_cookie
+from hpc_master.db.engine import transaction
+from hpc_master.db.models import TaskModel, utcnow
+from hpc_master.services.lifecycle import mint_trial_token
+from hpc_master.tasks.job import SERVICE_TOKEN_FILE
+from tests.master.helpers import login, make_user, seed_trial
+
+SERVER_TOKEN = "server-secret-token"
+
+
+def _upstream_app() -> Starlette:
+    seen: list[dict[str, Any]] = []
+
+    def authorized(headers: Any) -> bool:
+        return headers.get("authorization") == f"token {SERVER_TOKEN}"
+
+    async def echo(request: Request) -> Response:
+        if not authorized(request.headers):
+            return JSONResponse({"error": "no token"}, status_code=403)
+        body = await request.body()
+        seen.append({"headers": dict(request.headers), "path": request.url.path, "query": request.url.query})
+        response = JSONResponse(
+            {
+                "path": request.url.path,
+                "query": request.url.query,
+                "method": request.method,
+                "body": body.decode(),
+            }
+        )
+        response.set_cookie("_xsrf", "x1")
+        response.set_cookie("other", "y2")
+        return response
+
+    async def big(request: Request) -> Response:
+        return Response(b"a" * (1 << 20), media_type="application/octet-stream")
+
+    async def ws(websocket: WebSocket) -> None:
+        if not authorized(websocket.headers):
+            await websocket.close(code=1008)
+            return
+        await websocket.accept(subprotocol="v1.kernel.websocket.jupyter.org")
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                if message.get("text") == "close":
+                    await websocket.close(code=4000)
+                    return
+                if message.get("text") is not None:
+                    await websocket.send_text("echo:" + message["text"])
+                else:
+                    await websocket.send_bytes(b"echo:" + message["bytes"])
+        except WebSocketDisconnect:
+            return
+
+    app = Starlette(
+        routes=[
+            Route("/proxy/{task_id}/big", big),
+            Route("/proxy/{task_id}/{rest:path}", echo, methods=["GET", "POST", "PUT", "DELETE"]),
+            WebSocketRoute("/proxy/{task_id}/ws", ws),
+        ]
+    )
+    app.state.seen = seen
+    return app
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[tuple[str, Starlette]]:
+    app = _upstream_app()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws="websockets-sansio")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield f"127.0.0.1:{port}", app
+    server.should_exit = True
+    thread.join(5)
+
+
+def _running_notebook(
+    client: TestClient, sessions: sessionmaker[Session], headers: dict[str, str], address: str
+) -> str:
+    """A notebook as the driver leaves it once its server answers: RUNNING, its address and token recorded."""
+    r = client.post("/api/v1/notebooks", headers=headers, json={"config": {"resources": {"slots": 0}}})
+    assert r.status_code == 200, r.text
+    task_id = str(r.json()["notebook"]["id"])
+    with transaction(sessions) as s:
+        task = s.get(TaskModel, task_id)
+        assert task is not None
+        Path(task.run_dir).mkdir(parents=True)
+        (Path(task.run_dir) / SERVICE_TOKEN_FILE).write_text(SERVER_TOKEN + "\n")
+        task.state, task.service_address, task.slurm_job_id = "STATE_RUNNING", address, "7"
+        task.last_activity = utcnow()
+    return task_id
+
+
+def _cookie_login(client: TestClient, username: str, password: str) -> None:
+    """Log in as the web UI does: the session is a cookie the client keeps."""
+    from hpc_master import owner_key
+
+    body = {"username": username, "password": password}
+    if password == "":
+        body["ownerKey"] = owner_key.read(client.app.state.det.config.listen.port) or ""  # type: ignore[attr-defined]
+    r = client.post("/api/v1/auth/login?cookie=true", json=body)
+    assert r.status_code == 200, r.text
+    assert session_cookie.SESSION_COOKIE in client.cookies
+
+
+def test_the_owner_gets_through_and_nothing_of_the_masters_reaches_the_server(
+    client: TestClient, sessions: sessionmaker[Session], upstream: tuple[str, Starlette]
+) -> None:
+    address, app = upstream
+    admin = login(client)
+    alice = make_user(client, admin, "alice")
+    task_id = _running_notebook(client, sessions, alice, address)
+    r = client.post(
+        f"/proxy/{task_id}/api/contents/x.ipynb?type=notebook", headers={**alice, "cookie": "det_csrf=abc; keep=1"},
+        content=b'{"cells": []}',
+    )  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json() == {"path": f"/proxy/{task_id}/api/contents/x.ipynb", "query": "type=notebook",
+                        "method": "POST", "body": '{"cells": []}'}  # fmt: skip
+    forwarded = app.state.seen[-1]["headers"]
+    assert forwarded["authorization"] == f"token {SERVER_TOKEN}"  # the server's token, not the user's
+    assert forwarded["cookie"] == "keep=1"  # the master's cookies are not the server's business
+    assert sorted(r.headers.get_list("set-cookie")) == sorted(
+        ["_xsrf=x1; Path=/; SameSite=lax", "other=y2; Path=/; SameSite=lax"]
+    )
+    big = client.get(f"/proxy/{task_id}/big", headers=alice)
+    assert big.status_code == 200 and len(big.content) == 1 << 20
+
+
+def test_who_is_refused(
+    client: TestClient, sessions: sessionmaker[Session], upstream: tuple[str, Starlette]
+) -> None:
+    address, _ = upstream
+    admin = login(client)
+    alice = make_user(client, admin, "alice")
+    bob = make_user(client, admin, "bob")
+    task_id = _running_notebook(client, sessions, alice, address)
+    with transaction(sessions) as s:
+        trial_token = mint_trial_token(s, seed_trial(sessions, "carol"))
+    url = f"/proxy/{task_id}/api/status"
+    assert client.get(url).status_code == 401
+    html = client.get(url, headers={"accept": "text/html"}, follow_redirects=False)
+    assert html.status_code == 303 and html.headers["location"] == f"/login?next=/proxy/{task_id}/api/status"
+    assert client.get(url, headers={"Authorization": f"Bearer {trial_token}"}).status_code == 403
+    refused = client.get(url, headers=bob)
+    assert refused.status_code == 404 and "not found" in refused.json()["message"]
+    assert client.get(url, headers=admin).status_code == 200  # an admin, with a bearer token
+    _cookie_login(client, "admin", "")
+    cookie_admin = client.get(url)
+    client.cookies.clear()
+    assert (
+        cookie_admin.status_code == 403 and "never with the web UI's cookie" in cookie_admin.json()["message"]
+    )
+    assert client.get(f"/proxy/{'0' * 8}-0000-0000-0000-{'0' * 12}/x", headers=alice).status_code == 404
+    assert client.get("/proxy/not-a-task/x", headers=alice).status_code == 404
+
+
+def test_a_cookie_changes_nothing_from_another_site(
+    client: TestClient, sessions: sessionmaker[Session], upstream: tuple[str, Starlette]
+) -> None:
+    address, _ = upstream
+    admin = login(client)
+    alice = make_user(client, admin, "alice")
+    task_id = _running_notebook(client, sessions, alice, address)
+    _cookie_login(client, "alice", "pw")
+    url = f"/proxy/{task_id}/api/kernels"
+    assert client.get(url).status_code == 200  # a page load: same-origin or not, a GET changes nothing
+    assert client.post(url, headers={"sec-fetch-site": "same-origin"}).status_code == 200
+    assert client.post(url, headers={"sec-fetch-site": "cross-site"}).status_code == 403
+    assert client.post(url, headers={"origin": "http://evil.example"}).status_code == 403
+    client.cookies.clear()
+
+
+def test_websockets_are_pumped_both_ways_and_closed_with_the_server(
+    client: TestClient, sessions: sessionmaker[Session], upstream: tuple[str, Starlette]
+) -> None:
+    address, _ = upstream
+    admin = login(client)
+    alice = make_user(client, admin, "alice")
+    task_id = _running_notebook(client, sessions, alice, address)
+    with client.websocket_connect(
+        f"/proxy/{task_id}/ws", headers=alice, subprotocols=["v1.kernel.websocket.jupyter.org"]
+    ) as ws:
+        assert ws.accepted_subprotocol == "v1.kernel.websocket.jupyter.org"
+        ws.send_text("1+1")
+        assert ws.receive_text() == "echo:1+1"
+        ws.send_bytes(b"\x00\x01")
+        assert ws.receive_bytes() == b"echo:\x00\x01"
+        ws.send_text("close")  # the server ends the connection: so does the proxy, with its code
+        assert ws.receive()["code"] == 4000
+    bob = make_user(client, admin, "bob")
+    with (
+        pytest.raises(WebSocketDisconnect) as refused,
+        client.websocket_connect(f"/proxy/{task_id}/ws", headers=bob),
+    ):
+        pass
+    assert refused.value.code == 1008
+
+
+def test_a_task_that_is_not_running_says_so(
+    client: TestClient, sessions: sessionmaker[Session], upstream: tuple[str, Starlette]
+) -> None:
+    address, _ = upstream
+    admin = login(client)
+    task_id = _running_notebook(client, sessions, admin, address)
+    with transaction(sessions) as s:
+        task = s.get(TaskModel, task_id)
+        assert task is not None
+        task.state, task.service_address, task.pending_reason = "STATE_QUEUED", None, "Resources"
+    proxy.targets(client.app.state.det).forget(task_id)  # type: ignore[attr-defined]
+    waiting = client.get(f"/proxy/{task_id}/lab", headers={**admin, "accept": "text/html"})
+    assert waiting.status_code == 503 and "Resources" in waiting.text and "http-equiv=refresh" in waiting.text
+    client.post(f"/api/v1/notebooks/{task_id}/kill", headers=admin)
+    proxy.targets(client.app.state.det).forget(task_id)  # type: ignore[attr-defined]
+    ended = client.get(f"/proxy/{task_id}/lab", headers=admin)
+    assert ended.status_code == 410 and "is ending" in ended.json()["message"]
