@@ -194,6 +194,11 @@ def _signal_lead_s(pool: PoolSpec, time_limit_min: int | None) -> int | None:
     return lead
 
 
+def checkpoint_root_of(config: ExperimentConfig, default_root: str) -> str:
+    """The directory an experiment's trials store checkpoints (and TensorBoard files) under."""
+    return _checkpoint_root(config, JobPaths("", default_root, "", ""))
+
+
 def _checkpoint_root(config: ExperimentConfig, paths: JobPaths) -> str:
     storage = config.checkpoint_storage
     if isinstance(storage, SharedFSStorage):
@@ -259,6 +264,10 @@ def build_trial_job(
         ("DET_RANK_EXIT_DIR", posixpath.join(run_dir, run_files.RANK_EXIT_DIR)),
         ("DET_PREEMPT_SIGNAL", pool.preempt_signal),
         ("DET_PREEMPT_ACK_FILE", posixpath.join(run_dir, run_files.PREEMPT_ACK_FILE)),
+        (
+            "DET_TENSORBOARD_PATH",
+            run_files.tensorboard_path(_checkpoint_root(config, paths), trial.experiment_id, trial.trial_id),
+        ),
     ]
     if trial.request_id:
         env.append(("DET_REQUEST_ID", trial.request_id))

@@ -54,6 +54,14 @@ PLAN_KEYS = (
     "preempt_signal",
 )
 
+def tensorboard_path(storage_root: str, experiment_id: int, trial_id: int) -> str:
+    """Where a trial's TensorBoard files go (``DET_TENSORBOARD_PATH``; Determined's layout under the
+    experiment's checkpoint storage), and where ``det tensorboard start`` reads them from."""
+    return "/".join(
+        [storage_root.rstrip("/"), "tensorboard", "experiment", str(experiment_id), "trial", str(trial_id)]
+    )
+
+
 TRIAL_CLASS_RE = re.compile(r"^([A-Za-z_][\w.]*):([A-Za-z_]\w*)$")
 # Modules and programs that start ranks themselves: never wrapped in another launcher.
 LAUNCHER_MODULES = ("launchers.", "determined.launch.", "torch.distributed.run", "torch.distributed.launch")

@@ -17,7 +17,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from hpc_master.api.bounds import Limit, OptionalId
+from hpc_master.api.bounds import Id, Limit, OptionalId
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.schemas import ApiModel, ModelDefinitionFile
 from hpc_master.db.models import UserModel
@@ -28,6 +28,7 @@ from hpc_master.services import logs, notify
 from hpc_master.tasks import service as svc
 from hpc_master.tasks.config import TaskType, parse_task_config
 from hpc_master.tasks.job import build_task_job, task_argv, task_run_dir
+from hpc_master.tasks.tensorboard import logdir_spec
 from hpc_master.trialjob import DEFAULT_MAX_CONTEXT_BYTES, JobPaths, pool_from_master_config
 
 router = APIRouter(prefix="/api/v1", tags=["tasks"])
@@ -48,6 +49,8 @@ class LaunchTaskRequest(ApiModel):
     template_name: str | None = Field(default=None, alias="templateName", max_length=256)
     workspace_id: OptionalId | None = Field(default=None, alias="workspaceId")
     data: str | None = Field(default=None, max_length=1 << 20)
+    experiment_ids: list[Id] = Field(default_factory=list, alias="experimentIds", max_length=1000)
+    trial_ids: list[Id] = Field(default_factory=list, alias="trialIds", max_length=1000)
 
 
 def launch(state: State, principal: Any, body: LaunchTaskRequest, task_type: TaskType) -> dict[str, Any]:
@@ -78,7 +81,17 @@ def launch(state: State, principal: Any, body: LaunchTaskRequest, task_type: Tas
         max_context_bytes=DEFAULT_MAX_CONTEXT_BYTES,
     )
     archive = ctx.pack_context(files) if files else None
+    if task_type is not TaskType.TENSORBOARD and (body.experiment_ids or body.trial_ids):
+        raise ClientError("only a TensorBoard takes experimentIds and trialIds", field="experimentIds")
     with state.tx() as session:
+        service_args = None
+        if task_type is TaskType.TENSORBOARD:
+            service_args, experiments = logdir_spec(
+                session, principal, body.experiment_ids, body.trial_ids, str(state.config.checkpoint_dir())
+            )
+            if not config.description:
+                word = "experiment" if len(experiments) == 1 else "experiments"
+                config.description = f"TensorBoard ({word} {', '.join(map(str, experiments))})"[:512]
         task = svc.create_task(
             session,
             principal,
@@ -87,6 +100,7 @@ def launch(state: State, principal: Any, body: LaunchTaskRequest, task_type: Tas
             run_dir_of=lambda task_id: task_run_dir(root, task_id),
             resource_pool=pool.name,
             context_archive=archive,
+            service_args=service_args,
         )
         owner = session.get(UserModel, principal.user_id)
         assert owner is not None
@@ -140,6 +154,7 @@ def _add_typed_routes(plural: str, task_type: TaskType) -> None:
 
 _add_typed_routes("commands", TaskType.COMMAND)
 _add_typed_routes("notebooks", TaskType.NOTEBOOK)
+_add_typed_routes("tensorboards", TaskType.TENSORBOARD)
 
 
 @router.get("/tasks")

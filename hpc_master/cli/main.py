@@ -18,6 +18,7 @@ from hpc_master.cli import (
     model,
     notebook,
     preview,
+    tensorboard,
     trial,
     user,
 )
@@ -35,6 +36,7 @@ COMMAND_MODULES: list[Callable[[argparse._SubParsersAction], None]] = [  # type:
     preview.register,
     command.register,
     notebook.register,
+    tensorboard.register,
 ]
 
 

@@ -47,7 +47,9 @@ def add_launch_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-d", "--detach", action="store_true", help="print the task id and return at once")
 
 
-def launch(args: argparse.Namespace, entrypoint: list[str] | None = None) -> tuple[Session, dict[str, Any]]:
+def launch(
+    args: argparse.Namespace, entrypoint: list[str] | None = None, extra: dict[str, Any] | None = None
+) -> tuple[Session, dict[str, Any]]:
     from hpc_master.tasks.config import TaskType, parse_task_config
 
     config = task_config(args.config_file, args.overrides, args.volume, entrypoint or [])
@@ -59,7 +61,8 @@ def launch(args: argparse.Namespace, entrypoint: list[str] | None = None) -> tup
         check_size(plan)
         files = read_context(plan)
     session = session_from_args(args)
-    answer = session.call("POST", f"/api/v1/{args.plural}", json={"config": config, "files": files})
+    body = {"config": config, "files": files, **(extra or {})}
+    answer = session.call("POST", f"/api/v1/{args.plural}", json=body)
     return session, answer[args.key]
 
 
@@ -89,8 +92,8 @@ def show(session: Session, task: dict[str, Any], *, browser: bool) -> None:
         webbrowser.open(url)
 
 
-def _start(args: argparse.Namespace) -> int:
-    session, task = launch(args)
+def _start(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> int:
+    session, task = launch(args, extra=extra)
     if args.detach:
         print(task["id"])
         return 0

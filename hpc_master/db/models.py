@@ -364,6 +364,8 @@ class TaskModel(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     exit_status: Mapped[str | None] = mapped_column(Text, nullable=True)
     """Why it ended, in words (Determined's ``exitStatus``)."""
+    service_args: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    """The server's arguments the master decided (a TensorBoard's ``--logdir_spec``, from the trials' records)."""
     service_address: Mapped[str | None] = mapped_column(String(256), nullable=True)
     """``host:port`` of a notebook's or TensorBoard's server once it answers: where ``/proxy/<id>/`` goes."""
     last_activity: Mapped[dt.datetime | None] = mapped_column(nullable=True)

@@ -123,6 +123,9 @@ def parse_task_config(raw: Mapping[str, Any] | None, task_type: TaskType) -> Tas
             f"a {task_type.lower()} config must be a mapping of fields, got {type(raw).__name__}"
         )
     data = {k: v for k, v in raw.items() if k not in IGNORED}
+    resources = data.get("resources")
+    if task_type is TaskType.TENSORBOARD and (resources is None or isinstance(resources, Mapping)):
+        data["resources"] = {"slots": 0, **(resources or {})}  # a TensorBoard needs no GPU unless asked
     try:
         config = TaskConfig.model_validate(data)
     except ValidationError as exc:

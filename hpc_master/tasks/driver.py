@@ -183,12 +183,13 @@ class TaskDriver:
             config = parse_task_config(task.config, task_type)
             archive = task.context_archive
             run_dir = task.run_dir
+            service_args = list(task.service_args or [])
         plan = build_task_job(
             config,
             task_type,
             pool_from_master_config(self.config, config.resources.resource_pool),
             task_id=task_id,
-            argv=task_argv(config, task_type, self.python),
+            argv=task_argv(config, task_type, self.python, service_args),
             paths=self._paths(),
             master_url=self.master_url,
             cluster_id=self.cluster_id,

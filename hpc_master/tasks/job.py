@@ -36,12 +36,14 @@ SERVICE_TOKEN_FILE = "service_token"  # the master writes it (0600): the server 
 SERVICE_TYPES = frozenset({TaskType.NOTEBOOK, TaskType.TENSORBOARD})
 
 
-def task_argv(config: TaskConfig, task_type: TaskType, python: str) -> list[str]:
+def task_argv(
+    config: TaskConfig, task_type: TaskType, python: str, service_args: list[str] | None = None
+) -> list[str]:
     """What the task's job runs: a command's entrypoint, or the server of a notebook or TensorBoard."""
     if task_type is TaskType.NOTEBOOK:
-        return [python, "-m", "harness.exec.serve", "notebook"]
+        return [python, "-m", "harness.exec.serve", "notebook", *(service_args or [])]
     if task_type is TaskType.TENSORBOARD:
-        return [python, "-m", "harness.exec.serve", "tensorboard"]
+        return [python, "-m", "harness.exec.serve", "tensorboard", *(service_args or [])]
     return config.argv()
 
 

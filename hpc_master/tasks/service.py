@@ -67,6 +67,7 @@ def create_task(
     run_dir_of: Any,
     resource_pool: str,
     context_archive: bytes | None,
+    service_args: list[str] | None = None,
 ) -> TaskModel:
     """A QUEUED task owned by the caller; the loop submits its job. `run_dir_of(task_id)` names its
     directory (recorded: nothing later derives a path from a request)."""
@@ -92,6 +93,7 @@ def create_task(
         context_archive=context_archive,
         resource_pool=resource_pool,
         run_dir=str(run_dir_of(task_id)),
+        service_args=service_args,
         submit_attempted=False,
         kill_requested=False,
     )

@@ -265,3 +265,81 @@ def test_one_user_has_at_most_so_many_live_tasks(world: World, monkeypatch: pyte
     assert r.status_code == 400 and "most one user may have" in r.json()["message"]
     world.client.post(f"/api/v1/commands/{first['id']}/kill", headers=world.admin)
     world.run(world.admin, "true")  # an ended task frees its place
+
+
+def _experiment_with_trial(world: World, headers: dict[str, str]) -> tuple[int, int]:
+    from tests.master.helpers import create_experiment
+
+    exp_id = create_experiment(world.client, headers)
+    with transaction(world.sessions) as s:
+        from hpc_master.services.lifecycle import create_trial
+
+        trial = create_trial(s, exp_id, "r1", {"lr": 0.1})
+        return exp_id, trial.id
+
+
+def test_a_tensorboard_serves_the_trials_directories_from_the_records(world: World) -> None:
+    alice = make_user(world.client, world.admin, "alice")
+    exp_id, trial_id = _experiment_with_trial(world, alice)
+    r = world.client.post("/api/v1/tensorboards", headers=alice, json={"experimentIds": [exp_id]})
+    assert r.status_code == 200, r.text
+    tb = r.json()["tensorboard"]
+    assert tb["description"] == f"TensorBoard (experiment {exp_id})" and not tb["isReady"]
+    world.tick()
+    run_dir = Path(world.task(tb["id"]).run_dir)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    storage = world.config.checkpoint_dir()
+    assert plan["entrypoint"][1:] == [
+        "-m", "harness.exec.serve", "tensorboard",
+        f"--logdir_spec=exp-{exp_id}/trial-{trial_id}:{storage}/tensorboard/experiment/{exp_id}/trial/{trial_id}",
+    ]  # fmt: skip
+    token = run_dir / "service_token"
+    assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text().strip()) >= 32
+    assert "gpu" not in world.cluster.job(world.job_id(tb["id"])).script  # a TensorBoard needs no GPU
+    bob = make_user(world.client, world.admin, "bob")
+    for body, status in [
+        ({"experimentIds": [exp_id]}, 404),  # not bob's
+        ({"trialIds": [trial_id]}, 404),
+        ({"experimentIds": [99999]}, 404),
+        ({}, 400),
+    ]:
+        refused = world.client.post("/api/v1/tensorboards", headers=bob, json=body)
+        assert refused.status_code == status, (body, refused.text)
+    assert world.client.post("/api/v1/commands", headers=bob, json={"config": {"entrypoint": "x"},
+                             "experimentIds": [1]}).status_code == 400  # fmt: skip
+
+
+def test_a_server_is_ready_once_its_port_answers_and_an_idle_one_is_ended(world: World) -> None:
+    import datetime as dt
+    import socket
+
+    r = world.client.post(
+        "/api/v1/tensorboards", headers=world.admin,
+        json={"experimentIds": [_experiment_with_trial(world, world.admin)[0]], "config": {"idle_timeout": "5m"}},
+    )  # fmt: skip
+    task_id = r.json()["tensorboard"]["id"]
+    world.tick()
+    job_id = world.job_id(task_id)
+    world.cluster.start(job_id)
+    world.tick()
+    assert not world.client.get(f"/api/v1/tensorboards/{task_id}", headers=world.admin).json()["tensorboard"][
+        "isReady"
+    ]
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        run_dir = Path(world.task(task_id).run_dir)
+        (run_dir / "service.json").write_text(json.dumps({"host": "127.0.0.1", "port": port, "pid": 1}))
+        world.tick()
+    tb = world.client.get(f"/api/v1/tensorboards/{task_id}", headers=world.admin).json()["tensorboard"]
+    assert tb["isReady"] and tb["serviceAddress"] == f"/proxy/{task_id}/"
+    assert world.task(task_id).service_address == f"127.0.0.1:{port}"
+    now = world.task(task_id).last_activity
+    assert now is not None
+    assert world.driver.end_idle(now + dt.timedelta(seconds=299)) == 0
+    assert world.driver.end_idle(now + dt.timedelta(seconds=301)) == 1
+    world.tick(2)
+    ended = world.task(task_id)
+    assert ended.state == "STATE_TERMINATED" and world.cluster.job(job_id).state == "CANCELLED"
+    assert (ended.exit_status or "").startswith("idle for 301 s, over its idle timeout of 300 s")

@@ -36,6 +36,7 @@ def upgrade() -> None:
         sa.Column("kill_requested", sa.Boolean(), nullable=False),
         sa.Column("exit_code", sa.Integer(), nullable=True),
         sa.Column("exit_status", sa.Text(), nullable=True),
+        sa.Column("service_args", sa.JSON(), nullable=True),
         sa.Column("service_address", sa.String(length=256), nullable=True),
         sa.Column("last_activity", sa.DateTime(timezone=True), nullable=True),
         sa.Column("version", sa.Integer(), nullable=False),
