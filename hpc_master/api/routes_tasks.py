@@ -155,6 +155,7 @@ def _add_typed_routes(plural: str, task_type: TaskType) -> None:
 _add_typed_routes("commands", TaskType.COMMAND)
 _add_typed_routes("notebooks", TaskType.NOTEBOOK)
 _add_typed_routes("tensorboards", TaskType.TENSORBOARD)
+_add_typed_routes("shells", TaskType.SHELL)
 
 
 @router.get("/tasks")

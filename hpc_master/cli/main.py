@@ -18,6 +18,7 @@ from hpc_master.cli import (
     model,
     notebook,
     preview,
+    shell,
     tensorboard,
     trial,
     user,
@@ -37,6 +38,7 @@ COMMAND_MODULES: list[Callable[[argparse._SubParsersAction], None]] = [  # type:
     command.register,
     notebook.register,
     tensorboard.register,
+    shell.register,
 ]
 
 

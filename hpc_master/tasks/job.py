@@ -44,6 +44,8 @@ def task_argv(
         return [python, "-m", "harness.exec.serve", "notebook", *(service_args or [])]
     if task_type is TaskType.TENSORBOARD:
         return [python, "-m", "harness.exec.serve", "tensorboard", *(service_args or [])]
+    if task_type is TaskType.SHELL:  # holds the allocation; `det shell open` attaches with srun --overlap
+        return ["/bin/sh", "-c", "echo 'shell ready: det shell open ID'; exec sleep infinity"]
     return config.argv()
 
 

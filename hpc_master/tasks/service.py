@@ -193,7 +193,9 @@ def task_to_api(task: TaskModel, owner: UserModel) -> dict[str, Any]:
         "workspaceId": WORKSPACE_ID,
         "taskType": task.task_type,
         "serviceAddress": f"/proxy/{task.id}/" if task.service_address else "",
-        "isReady": bool(task.service_address) and task.state == TaskState.RUNNING,
+        "isReady": task.state == TaskState.RUNNING
+        and (bool(task.service_address) or task.task_type == TaskType.SHELL),
+        "workDir": f"{task.run_dir.rstrip('/')}/work",
     }
 
 

@@ -61,3 +61,14 @@ def test_a_bad_config_is_refused_before_anything_is_sent(det: Det, make_user: Ma
     r = det("cmd", "run", env=alice)
     assert r.rc == 2 and "needs something to run" in r.err
     assert det("cmd", "list", "-q", env=alice).out.split() == []
+
+
+def test_a_shell_attaches_with_srun_into_the_tasks_job() -> None:
+    from hpc_master.cli.shell import srun_argv
+
+    assert srun_argv("42", "/jobs/tasks/x/work", [], tty=True)[:7] == [
+        "srun", "--jobid=42", "--overlap", "--nodes=1", "--ntasks=1", "--quiet", "--pty",
+    ]  # fmt: skip
+    assert srun_argv("42", None, ["hostname"], tty=False) == [
+        "srun", "--jobid=42", "--overlap", "--nodes=1", "--ntasks=1", "--quiet", "hostname",
+    ]  # fmt: skip

@@ -115,3 +115,41 @@ def test_another_user_cannot_see_or_kill_a_command(master: Master, alice: dict[s
         assert r.status_code == 404, (path, r.text)
     assert command(master, alice, task_id)["state"] in ("STATE_QUEUED", "STATE_RUNNING")
     assert det(master, "cmd", "kill", task_id).returncode == 0
+
+
+def test_a_shell_is_srun_into_the_tasks_job_as_its_owner(
+    master: Master, alice: dict[str, str], tmp_path: Path
+) -> None:
+    proc = det(master, "shell", "start", "-d", "--config", "resources.slots=0")
+    assert proc.returncode == 0, proc.stderr
+    task_id = proc.stdout.strip()
+    shell = wait_for(
+        lambda: ((s := master.api("GET", f"/shells/{task_id}", alice)["shell"])["isReady"] and s) or None,
+        timeout_s=60, what="the shell's job to run",
+    )  # fmt: skip
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chown(home, master.researcher.uid, master.researcher.gid)
+    env = [
+        f"DET_MASTER={master.url}",
+        "DET_USER=alice",
+        "DET_PASS=alice-pw",
+        f"HOME={home}",
+        f"PATH={os.environ['PATH']}",
+    ]
+    opened = master.researcher.run(
+        ["env", *env, sys.executable, "-m", "hpc_master.cli.main", "shell", "open", task_id,
+         "sh", "-c", "echo $(hostname) $(id -un) $SLURM_JOB_ID $(pwd)"],
+        timeout_s=60, check=False,
+    )  # fmt: skip
+    assert opened.returncode == 0, opened.stdout + opened.stderr
+    host, user, job_id, cwd = opened.stdout.split()
+    assert (host, user, job_id) == (shell["nodeList"], master.researcher.name, shell["slurmJobId"])
+    assert cwd == shell["workDir"]
+    assert det(master, "shell", "kill", task_id).returncode == 0
+    ended = wait_for(
+        lambda: ((s := master.api("GET", f"/shells/{task_id}", alice)["shell"])["state"] == "STATE_TERMINATED"
+                 and s) or None,
+        timeout_s=60, what="the shell's job to end",
+    )  # fmt: skip
+    assert "killed by the user" in ended["exitStatus"]
