@@ -40,6 +40,7 @@ from tests.master.helpers import seed_trial
 MAX_EXAMPLES = 25
 TAMED: dict[str, dict[str, Any]] = {
     "/api/v1/trials/{trial_id}/logs": {"follow": "false"},
+    "/api/v1/tasks/{task_id}/logs": {"follow": "false"},
     "/api/v1/master/logs": {"follow": "false"},
     "/api/v1/allocations/{allocation_id}/signals/preemption": {"timeoutSeconds": 0},
     "/api/v1/trials/{trial_id}/searcher/operation": {"timeoutSeconds": 0},
