@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(include_in_schema=False)
 
 TARGET_TTL_S = 2.0
-ACTIVITY_WRITE_S = 30.0
+ACTIVITY_WRITE_S = 10.0  # idle timeouts are this precise; a busy page writes once per this
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
      "transfer-encoding", "upgrade", "host", "authorization", "cookie", "content-length"}

@@ -471,6 +471,7 @@ def _index() -> FileResponse:
 @pages.get("/login")
 @pages.get("/experiments")
 @pages.get("/cluster")
+@pages.get("/tasks")
 def index_page() -> FileResponse:
     return _index()
 

@@ -7,6 +7,7 @@ import * as experiments from "./pages/experiments.js";
 import * as experiment from "./pages/experiment.js";
 import * as trial from "./pages/trial.js";
 import * as cluster from "./pages/cluster.js";
+import * as tasks from "./pages/tasks.js";
 
 const routes = [
   [/^\/login$/, login, () => ({})],
@@ -14,6 +15,7 @@ const routes = [
   [/^\/experiments\/([^/]+)(?:\/([a-z-]+))?$/, experiment, (m) => ({ id: m[1], tab: m[2] })],
   [/^\/trials\/([^/]+)(?:\/([a-z-]+))?$/, trial, (m) => ({ id: m[1], tab: m[2] })],
   [/^\/cluster$/, cluster, () => ({})],
+  [/^\/tasks$/, tasks, () => ({})],
 ];
 
 const app = document.getElementById("app");
@@ -43,6 +45,7 @@ function header() {
   replace(top,
     h("a", { href: "/experiments", "data-nav": "", class: "brand" }, "hpc-det"),
     nav("/experiments", "Experiments", /^\/(experiments|trials|$)/),
+    nav("/tasks", "Tasks", /^\/tasks/),
     nav("/cluster", "Cluster", /^\/cluster/),
     h("span", { class: "spacer" }),
     h("span", { id: "whoami" }, session.user.username, session.user.admin ? " (admin)" : ""),
