@@ -69,6 +69,7 @@ class Context:
             return
         self._closed = True
         try:
+            self.train.close()
             if self._shipper is not None:
                 self._shipper.close(float(os.environ.get("DET_METRICS_CLOSE_TIMEOUT_S") or 120))
         finally:

@@ -54,6 +54,7 @@ PLAN_KEYS = (
     "preempt_signal",
 )
 
+
 def tensorboard_path(storage_root: str, experiment_id: int, trial_id: int) -> str:
     """Where a trial's TensorBoard files go (``DET_TENSORBOARD_PATH``; Determined's layout under the
     experiment's checkpoint storage), and where ``det tensorboard start`` reads them from."""

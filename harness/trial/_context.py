@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import enum
 import logging
 import os
@@ -80,6 +81,7 @@ class PyTorchTrialContext:
         self._epoch_idx = 0
         self._epoch_len: int | None = None
         self._stop_requested = False
+        self._tensorboard_writer: Any = None
         self.experimental = _Experimental()
 
     # -- hyperparameters & config ---------------------------------------------------------------------
@@ -198,7 +200,23 @@ class PyTorchTrialContext:
         return data
 
     def get_tensorboard_writer(self) -> Any:
-        return None
+        """A ``torch.utils.tensorboard.SummaryWriter`` on the trial's TensorBoard directory, or None.
+
+        None off-cluster (no directory) or when the ``tensorboard`` package is missing. The writer is closed at
+        exit; call its ``flush()`` to make what it holds visible sooner.
+        """
+        if self._tensorboard_writer is None:
+            path = self._core.train.get_tensorboard_path()
+            if path is None:
+                return None
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                logger.warning("get_tensorboard_writer(): %s; install the tensorboard package", e)
+                return None
+            self._tensorboard_writer = SummaryWriter(log_dir=str(path))
+            atexit.register(self._tensorboard_writer.close)
+        return self._tensorboard_writer
 
 
 def _default_device(local_rank: int) -> torch.device:
