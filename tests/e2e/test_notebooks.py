@@ -4,7 +4,6 @@ loads in Chromium with the web UI's session; killing the notebook ends its job a
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -34,9 +33,10 @@ def det(master: Master, *args: str, timeout_s: float = 180) -> subprocess.Comple
     )  # fmt: skip
 
 
-async def execute(ws_url: str, headers: dict[str, str], code: str) -> dict[str, Any]:
-    """Run `code` in a kernel over its channels WebSocket (Jupyter's message protocol); the execute_result."""
-    from websockets.asyncio.client import connect
+def execute(ws_url: str, headers: dict[str, str], code: str) -> dict[str, Any]:
+    """Run `code` in a kernel over its channels WebSocket (Jupyter's message protocol); the execute_result.
+    (websockets' sync client: Playwright's sync API keeps an event loop running in this thread.)"""
+    from websockets.sync.client import connect
 
     msg_id = uuid.uuid4().hex
     request = {
@@ -46,17 +46,17 @@ async def execute(ws_url: str, headers: dict[str, str], code: str) -> dict[str, 
         "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
                     "allow_stdin": False, "stop_on_error": True},
     }  # fmt: skip
-    async with connect(ws_url, additional_headers=headers, open_timeout=30, max_size=None) as ws:
-        await ws.send(json.dumps(request))
-        async with asyncio.timeout(60):
-            async for raw in ws:
-                msg = json.loads(raw)
-                if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                    continue
-                if msg["msg_type"] == "execute_result":
-                    return dict(msg["content"])
-                if msg["msg_type"] == "error":
-                    raise AssertionError(f"the kernel failed: {msg['content']}")
+    deadline = time.monotonic() + 60
+    with connect(ws_url, additional_headers=headers, open_timeout=30, max_size=None) as ws:
+        ws.send(json.dumps(request))
+        while time.monotonic() < deadline:
+            msg = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "execute_result":
+                return dict(msg["content"])
+            if msg["msg_type"] == "error":
+                raise AssertionError(f"the kernel failed: {msg['content']}")
     raise AssertionError("the kernel sent no result")
 
 
@@ -83,9 +83,9 @@ def test_a_notebook_on_a_compute_node_through_the_proxy(
     kernel = http.post(f"{url}api/kernels", headers=alice, json={"name": "python3"})
     assert kernel.status_code == 201, kernel.text
     ws_url = url.replace("http://", "ws://") + f"api/kernels/{kernel.json()['id']}/channels"
-    result = asyncio.run(execute(ws_url, alice, "1+1"))
+    result = execute(ws_url, alice, "1+1")
     assert result["data"]["text/plain"] == "2"
-    who = asyncio.run(execute(ws_url, alice, "import os, socket; (os.getuid(), socket.gethostname())"))
+    who = execute(ws_url, alice, "import os, socket; (os.getuid(), socket.gethostname())")
     assert who["data"]["text/plain"] == f"({master.researcher.uid}, '{nb['nodeList']}')"
 
     # Timing, direct vs proxied, for the same small request (the server's token read as root, as the master does).
@@ -110,7 +110,7 @@ def test_a_notebook_on_a_compute_node_through_the_proxy(
     mallory = master.login("mallory", "mallory-pw")
     assert http.get(f"{url}api/status", headers=mallory).status_code == 404
     assert http.get(f"{url}api/status").status_code == 401
-    assert http.get(direct).status_code == 403  # the node's port itself wants the server's token
+    assert httpx.get(direct).status_code == 403  # the node's port itself wants the token (no cookie jar here)
 
     # JupyterLab in Chromium, with the web UI's session (and nothing else).
     ui = Page(browser, master.url)
