@@ -170,8 +170,10 @@ class EventsWriter:
             n = EventsWriter._files_opened
             EventsWriter._files_opened += 1
         now = time.time()
+        # ".det<n>", not torch's ".<n>": a SummaryWriter opened in the same second by the same process (a
+        # user's, on get_tensorboard_path()) would otherwise truncate this very file.
         path = os.path.join(
-            self.directory, f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}.{n}"
+            self.directory, f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{os.getpid()}.det{n}"
         )
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
         self.path = path
