@@ -244,3 +244,21 @@ def test_prepull_of_an_unreachable_image_fails_naming_it_and_leaves_nothing(
     assert proc.returncode == 1
     assert f"container image '{UNREACHABLE}': the pull failed" in proc.stderr
     assert os.listdir(cache) == []
+
+
+@pytest.mark.slurm
+def test_a_command_runs_inside_the_image_with_its_bind_mounts(
+    master: Master, alice: dict[str, str], test_image: str, data_dir: Path
+) -> None:
+    """`det cmd run` with `environment.image`: the command runs in the image (its marker, its python), sees
+    the bind mount, and its exit code comes back."""
+    env = dict(os.environ, DET_MASTER=master.url, DET_USER="alice", DET_PASS="alice-pw")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpc_master.cli.main", "cmd", "run", "--config", f"environment.image={test_image}",
+         "--config", "resources.slots=0", "-v", f"{data_dir}:/data",
+         "head -c 19 /etc/hpc-det-test-image; echo; command -v python3; cat /data/hello.txt; exit 5"],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    out = [x for x in proc.stdout.splitlines() if not x.startswith(("INFO:", "srun:"))]  # the job's own output
+    assert out == ["hpc-det-test-image ", "/usr/bin/python3", "hello from the host"], proc.stdout
