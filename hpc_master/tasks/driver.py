@@ -184,12 +184,18 @@ class TaskDriver:
             archive = task.context_archive
             run_dir = task.run_dir
             service_args = list(task.service_args or [])
+        pool = pool_from_master_config(self.config, config.resources.resource_pool)
+        image = config.environment.image_for("cuda" if config.resources.slots else "cpu")
+        in_image = bool(image or pool.container_image)
+        # In an image, a notebook's or TensorBoard's server is the image's python3 (which needs jupyterlab or
+        # tensorboard installed), with this repository on PYTHONPATH as for trials.
+        python = "python3" if in_image else self.python
         plan = build_task_job(
             config,
             task_type,
-            pool_from_master_config(self.config, config.resources.resource_pool),
+            pool,
             task_id=task_id,
-            argv=task_argv(config, task_type, self.python, service_args),
+            argv=task_argv(config, task_type, python, service_args),
             paths=self._paths(),
             master_url=self.master_url,
             cluster_id=self.cluster_id,
