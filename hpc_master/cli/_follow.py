@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hpc_master.cli._client import Session
@@ -35,11 +35,10 @@ def exit_status(end_state: str) -> int:
     return END_STATUS.get(state(end_state), OTHER_END_STATUS)
 
 
-def print_logs(session: Session, trial_id: int, *, follow: bool = False, rank_id: int | None = None) -> int:
-    """Stream a trial's logs to stdout; returns the number of lines printed."""
+def log_entries(session: Session, path: str, *, follow: bool = False) -> Iterator[dict[str, Any]]:
+    """The entries of a log stream (``{"result": {...}}`` lines: trials' and tasks' logs alike)."""
     params = {"follow": "true"} if follow else None
-    printed = 0
-    with session.stream_lines(f"/api/v1/trials/{trial_id}/logs", params) as lines:
+    with session.stream_lines(path, params) as lines:
         for raw in lines:
             if not raw.strip():
                 continue
@@ -50,12 +49,19 @@ def print_logs(session: Session, trial_id: int, *, follow: bool = False, rank_id
             if isinstance(item, dict) and "error" in item:
                 raise ServerError(f"the log stream failed: {item['error']}")
             entry = item.get("result", item) if isinstance(item, dict) else {}
-            if rank_id is not None and entry.get("rankId") != rank_id:
-                continue
-            message = str(entry.get("message") or (str(entry.get("log", "")) + "\n"))
-            sys.stdout.write(message if message.endswith("\n") else message + "\n")
-            sys.stdout.flush()
-            printed += 1
+            yield entry
+
+
+def print_logs(session: Session, trial_id: int, *, follow: bool = False, rank_id: int | None = None) -> int:
+    """Stream a trial's logs to stdout; returns the number of lines printed."""
+    printed = 0
+    for entry in log_entries(session, f"/api/v1/trials/{trial_id}/logs", follow=follow):
+        if rank_id is not None and entry.get("rankId") != rank_id:
+            continue
+        message = str(entry.get("message") or (str(entry.get("log", "")) + "\n"))
+        sys.stdout.write(message if message.endswith("\n") else message + "\n")
+        sys.stdout.flush()
+        printed += 1
     return printed
 
 

@@ -10,13 +10,13 @@ several run as they are. `--context` (`-c`) uploads a directory (honouring `.det
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from hpc_master.cli._client import Session, session_from_args
 from hpc_master.cli._context import check_size, plan_context, read_context, warn_skipped
+from hpc_master.cli._follow import log_entries
 from hpc_master.cli._output import add_format_flags, emit, key_values, print_json, state
 from hpc_master.errors import ClientError, ConfigError, ServerError
 
@@ -32,18 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "entrypoint", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments"
     )
-    p.add_argument("--config-file", type=Path, metavar="FILE", help="command config (YAML)")
-    p.add_argument(
-        "--config", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="set a config field by dotted path (resources.slots=0); the value is read as YAML (repeatable)",
-    )  # fmt: skip
-    p.add_argument(
-        "-v", "--volume", action="append", default=[], metavar="HOST:CONTAINER",
-        help="bind-mount a host path into the command's image (repeatable)",
-    )  # fmt: skip
-    p.add_argument("-c", "--context", type=Path, metavar="DIR", help="directory to upload and run in")
-    p.add_argument("-d", "--detach", action="store_true", help="print the task id and return at once")
-    p.set_defaults(func=_run)
+    add_launch_flags(p)
+    p.set_defaults(func=_run, plural="commands", key="command")
 
     add_common(cmd_sub, "commands", "command")
 
@@ -89,6 +79,36 @@ def add_common(sub: argparse._SubParsersAction, plural: str, key: str) -> None: 
 # ---------------------------------------------------------------- run
 
 
+def add_launch_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config-file", type=Path, metavar="FILE", help="task config (YAML)")
+    p.add_argument(
+        "--config", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="set a config field by dotted path (resources.slots=0); the value is read as YAML (repeatable)",
+    )  # fmt: skip
+    p.add_argument("-v", "--volume", action="append", default=[], metavar="HOST:CONTAINER", help="bind mount")
+    p.add_argument("-c", "--context", type=Path, metavar="DIR", help="directory to upload and start in")
+    p.add_argument("-d", "--detach", action="store_true", help="print the task id and return at once")
+
+
+def launch(
+    args: argparse.Namespace, entrypoint: list[str] | None = None, extra: dict[str, Any] | None = None
+) -> tuple[Session, dict[str, Any]]:
+    from hpc_master.tasks.config import TaskType, parse_task_config
+
+    config = task_config(args.config_file, args.overrides, args.volume, entrypoint or [])
+    parse_task_config(config, TaskType(args.key.upper()))
+    files: list[dict[str, Any]] = []
+    if args.context is not None:
+        plan = plan_context(args.context)
+        warn_skipped(plan)
+        check_size(plan)
+        files = read_context(plan)
+    session = session_from_args(args)
+    body = {"config": config, "files": files, **(extra or {})}
+    answer = session.call("POST", f"/api/v1/{args.plural}", json=body)
+    return session, answer[args.key]
+
+
 def task_config(
     config_file: Path | None, overrides: list[str], volumes: list[str], entrypoint: list[str]
 ) -> dict[str, Any]:
@@ -120,22 +140,10 @@ def task_config(
 
 
 def _run(args: argparse.Namespace) -> int:
-    from hpc_master.tasks.config import TaskType, parse_task_config
-
     entrypoint = (
         [a for a in args.entrypoint if a != "--"] if args.entrypoint[:1] == ["--"] else args.entrypoint
     )
-    config = task_config(args.config_file, args.overrides, args.volume, entrypoint)
-    parse_task_config(config, TaskType.COMMAND)  # the master's check, before anything is read or sent
-    files: list[dict[str, Any]] = []
-    if args.context is not None:
-        plan = plan_context(args.context)
-        warn_skipped(plan)
-        check_size(plan)
-        files = read_context(plan)
-    session = session_from_args(args)
-    answer = session.call("POST", "/api/v1/commands", json={"config": config, "files": files})
-    command = answer["command"]
+    session, command = launch(args, entrypoint)
     if args.detach:
         print(command["id"])
         return 0
@@ -175,23 +183,12 @@ def exit_code_of(session: Session, task_id: str) -> int:
 def print_task_logs(session: Session, task_id: str, *, follow: bool) -> int:
     """Stream a task's output to stdout (the job entry's own ``[job_entry]`` lines to stderr)."""
     printed = 0
-    params = {"follow": "true"} if follow else None
-    with session.stream_lines(f"/api/v1/tasks/{task_id}/logs", params) as lines:
-        for raw in lines:
-            if not raw.strip():
-                continue
-            try:
-                item: Any = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(item, dict) and "error" in item:
-                raise ServerError(f"the log stream failed: {item['error']}")
-            entry = item.get("result", item) if isinstance(item, dict) else {}
-            message = str(entry.get("message") or "")
-            out = sys.stderr if message.startswith("[job_entry] ") else sys.stdout
-            out.write(message if message.endswith("\n") else message + "\n")
-            out.flush()
-            printed += 1
+    for entry in log_entries(session, f"/api/v1/tasks/{task_id}/logs", follow=follow):
+        message = str(entry.get("message") or "")
+        out = sys.stderr if message.startswith("[job_entry] ") else sys.stdout
+        out.write(message if message.endswith("\n") else message + "\n")
+        out.flush()
+        printed += 1
     return printed
 
 

@@ -11,13 +11,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from hpc_master.cli._client import Session, session_from_args
-from hpc_master.cli._context import check_size, plan_context, read_context, warn_skipped
 from hpc_master.cli._output import state
-from hpc_master.cli.command import add_common, task_config
+from hpc_master.cli.command import add_common, add_launch_flags, launch
 from hpc_master.errors import ServerError
 
 READY_POLL_S = 1.0
@@ -29,41 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = nb_sub.add_parser("start", help="start JupyterLab as a Slurm job and open it")
     add_launch_flags(p)
     p.add_argument("--no-browser", action="store_true", help="print the address only")
-    p.set_defaults(func=_start, plural="notebooks", key="notebook", what="JupyterLab")
+    p.set_defaults(func=start_task, plural="notebooks", key="notebook", what="JupyterLab")
     p = nb_sub.add_parser("open", help="open a running notebook in a browser")
     p.add_argument("task_id", metavar="ID")
-    p.set_defaults(func=_open, plural="notebooks", key="notebook")
+    p.set_defaults(func=open_task, plural="notebooks", key="notebook")
     add_common(nb_sub, "notebooks", "notebook")
-
-
-def add_launch_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config-file", type=Path, metavar="FILE", help="task config (YAML)")
-    p.add_argument(
-        "--config", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="set a config field by dotted path (resources.slots=0); the value is read as YAML (repeatable)",
-    )  # fmt: skip
-    p.add_argument("-v", "--volume", action="append", default=[], metavar="HOST:CONTAINER", help="bind mount")
-    p.add_argument("-c", "--context", type=Path, metavar="DIR", help="directory to upload and start in")
-    p.add_argument("-d", "--detach", action="store_true", help="print the task id and return at once")
-
-
-def launch(
-    args: argparse.Namespace, entrypoint: list[str] | None = None, extra: dict[str, Any] | None = None
-) -> tuple[Session, dict[str, Any]]:
-    from hpc_master.tasks.config import TaskType, parse_task_config
-
-    config = task_config(args.config_file, args.overrides, args.volume, entrypoint or [])
-    parse_task_config(config, TaskType(args.key.upper()))
-    files: list[dict[str, Any]] = []
-    if args.context is not None:
-        plan = plan_context(args.context)
-        warn_skipped(plan)
-        check_size(plan)
-        files = read_context(plan)
-    session = session_from_args(args)
-    body = {"config": config, "files": files, **(extra or {})}
-    answer = session.call("POST", f"/api/v1/{args.plural}", json=body)
-    return session, answer[args.key]
 
 
 def wait_ready(session: Session, plural: str, key: str, task_id: str, what: str) -> dict[str, Any]:
@@ -92,7 +60,7 @@ def show(session: Session, task: dict[str, Any], *, browser: bool) -> None:
         webbrowser.open(url)
 
 
-def _start(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> int:
+def start_task(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> int:
     session, task = launch(args, extra=extra)
     if args.detach:
         print(task["id"])
@@ -103,7 +71,7 @@ def _start(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> int
     return 0
 
 
-def _open(args: argparse.Namespace) -> int:
+def open_task(args: argparse.Namespace) -> int:
     session = session_from_args(args)
     task = session.call("GET", f"/api/v1/{args.plural}/{args.task_id}")[args.key]
     if not task.get("isReady"):

@@ -14,8 +14,8 @@ import shutil
 import sys
 
 from hpc_master.cli._client import session_from_args
-from hpc_master.cli.command import add_common
-from hpc_master.cli.notebook import add_launch_flags, launch, wait_ready
+from hpc_master.cli.command import add_common, add_launch_flags, launch
+from hpc_master.cli.notebook import wait_ready
 from hpc_master.errors import ClientError
 
 

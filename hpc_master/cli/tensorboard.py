@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from hpc_master.cli.command import add_common
-from hpc_master.cli.notebook import _open, _start, add_launch_flags
+from hpc_master.cli.command import add_common, add_launch_flags
+from hpc_master.cli.notebook import open_task, start_task
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -30,9 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=_start_tb, plural="tensorboards", key="tensorboard", what="TensorBoard")
     p = tb_sub.add_parser("open", help="open a running TensorBoard in a browser")
     p.add_argument("task_id", metavar="ID")
-    p.set_defaults(func=_open, plural="tensorboards", key="tensorboard")
+    p.set_defaults(func=open_task, plural="tensorboards", key="tensorboard")
     add_common(tb_sub, "tensorboards", "tensorboard")
 
 
 def _start_tb(args: argparse.Namespace) -> int:
-    return _start(args, extra={"experimentIds": args.experiment_ids, "trialIds": args.trial_ids})
+    return start_task(args, extra={"experimentIds": args.experiment_ids, "trialIds": args.trial_ids})
