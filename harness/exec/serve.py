@@ -57,7 +57,9 @@ def server_argv(
         return [
             python, "-m", "jupyterlab", "--no-browser", "--ip=0.0.0.0", f"--port={port}",
             f"--ServerApp.base_url={base_url}", f"--ServerApp.root_dir={workdir}",
-            "--ServerApp.allow_remote_access=True", "--ServerApp.port_retries=0", *extra,
+            "--ServerApp.allow_remote_access=True", "--ServerApp.port_retries=0",
+            # Clusters are air-gapped: no announcements feed, no update check against PyPI.
+            "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", *extra,
         ]  # fmt: skip
     if kind == "tensorboard":  # on loopback only: TensorBoard has no token; `forward` is its door
         return [
