@@ -260,5 +260,7 @@ def test_a_command_runs_inside_the_image_with_its_bind_mounts(
         capture_output=True, text=True, env=env, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 5, proc.stdout + proc.stderr
-    out = [x for x in proc.stdout.splitlines() if not x.startswith(("INFO:", "srun:"))]  # the job's own output
+    out = [
+        x for x in proc.stdout.splitlines() if not x.startswith(("INFO:", "srun:"))
+    ]  # the job's own output
     assert out == ["hpc-det-test-image ", "/usr/bin/python3", "hello from the host"], proc.stdout
