@@ -510,8 +510,20 @@ class JobDriver:
             # (our record lags behind Slurm between polls; a running job checkpoints and exits by itself).
             status = self.poller.status(run.slurm_job_id)
             never_started = run.preempt_requested and status is not None and status.outcome is Outcome.PENDING
+            if never_started and not kill and not self._still_pending(run.slurm_job_id):
+                continue  # it started since the last poll: it checkpoints and exits by itself
             if (kill or never_started) and not self._cancel(run.slurm_job_id):
                 return
+
+    def _still_pending(self, job_id: str) -> bool:
+        """Asked of Slurm right before a cancel: the poller's last answer may be a second old, and a job that
+        started meanwhile (a run with only its last validation to do ends in two seconds) must not be killed."""
+        try:
+            with self.cli.retries_at_most(0):
+                status = self.cli.squeue([job_id]).get(job_id)
+        except SlurmError:
+            return False  # asked again next tick
+        return status is not None and status.outcome is Outcome.PENDING
 
     def _cancel(self, job_id: str) -> bool:
         """scancel; False when the controller did not answer (the caller stops asking it for now)."""
