@@ -12,7 +12,7 @@ never in the script, the sbatch command line or ``plan.json``.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,14 @@ from containers.job import container_section
 from harness.exec import job_plan as run_files
 from hpc_master import priority
 from hpc_master.errors import ConfigError
-from hpc_master.expconf import DirectoryStorage, ExperimentConfig, SharedFSStorage
+from hpc_master.expconf import (
+    BindMount,
+    DirectoryStorage,
+    EnvironmentConfig,
+    ExperimentConfig,
+    SharedFSStorage,
+    SlurmConfig,
+)
 from hpc_master.masterconf import MasterConfig, pool_container
 from slurm_backend.render import render_sbatch_script
 from slurm_backend.resources import slots_to_nodes
@@ -92,11 +99,17 @@ def _pool_container_fields(master: MasterConfig, pool_name: str) -> dict[str, An
     }
 
 
-def _container(
-    config: ExperimentConfig, pool: PoolSpec, paths: JobPaths, gpus: bool
+def container_plan(
+    environment: EnvironmentConfig,
+    bind_mounts: Sequence[BindMount],
+    pool: PoolSpec,
+    paths: JobPaths,
+    gpus: bool,
+    checkpoint_root: str | None,
 ) -> dict[str, Any] | None:
-    """plan.json's `container` section when the trial runs in an image (see containers.job), else None."""
-    image = config.environment.image_for("cuda" if gpus else "cpu") or pool.container_image
+    """plan.json's `container` section when the job runs in an image (see containers.job), else None: a trial's
+    or a task's, from its `environment` and `bind_mounts` and the pool's container settings."""
+    image = environment.image_for("cuda" if gpus else "cpu") or pool.container_image
     if not image:
         return None
     if pool.container_runtime == "none":
@@ -105,19 +118,26 @@ def _container(
             f"{image!r} cannot be used",
             field="environment.image",
         )
-    storage = config.checkpoint_storage
     return container_section(
         runtime=pool.container_runtime,
         command=pool.container_command,
         image=image,
         cache_dir=pool.image_cache_dir or default_cache_dir(paths.job_storage_root),
-        force_pull=config.environment.force_pull_image,
+        force_pull=environment.force_pull_image,
         gpus=gpus,
-        binds=[(b.host_path, b.container_path, b.read_only) for b in config.bind_mounts],
+        binds=[(b.host_path, b.container_path, b.read_only) for b in bind_mounts],
         platform_root=paths.platform_root.rstrip("/") or "/",
         job_storage_root=paths.job_storage_root,
-        checkpoint_root=None if isinstance(storage, DirectoryStorage) else _checkpoint_root(config, paths),
+        checkpoint_root=checkpoint_root,
     )
+
+
+def _container(
+    config: ExperimentConfig, pool: PoolSpec, paths: JobPaths, gpus: bool
+) -> dict[str, Any] | None:
+    storage = config.checkpoint_storage
+    root = None if isinstance(storage, DirectoryStorage) else _checkpoint_root(config, paths)
+    return container_plan(config.environment, config.bind_mounts, pool, paths, gpus, root)
 
 
 @dataclass(frozen=True)
@@ -173,12 +193,15 @@ class TrialJobPlan:
         }
 
 
-def _time_limit(config: ExperimentConfig, pool: PoolSpec) -> int | None:
-    limit = config.slurm.time_limit_min or pool.default_time_limit_min
+CHAIN_HINT = "; a longer trial runs as a chain of jobs, each checkpointing before its time limit"
+
+
+def job_time_limit(slurm: SlurmConfig, pool: PoolSpec, hint: str = "") -> int | None:
+    """The job's minutes: the config's, else the pool's default; over the pool's maximum is refused."""
+    limit = slurm.time_limit_min or pool.default_time_limit_min
     if limit is not None and pool.max_time_limit_min is not None and limit > pool.max_time_limit_min:
         raise ConfigError(
-            f"{limit} minutes is over the {pool.name!r} pool's limit of {pool.max_time_limit_min} minutes; a "
-            "longer trial runs as a chain of jobs, each checkpointing before its time limit",
+            f"{limit} minutes is over the {pool.name!r} pool's limit of {pool.max_time_limit_min} minutes{hint}",
             field="slurm.time_limit",
         )
     return limit
@@ -241,7 +264,7 @@ def build_trial_job(
     )
     argv = run_files.resolve_entrypoint(config.entrypoint, slots, paths.python)
     ntasks = shape.gpus_per_node if run_files.tasks_per_slot(argv) and shape.gpus_per_node else 1
-    time_limit = _time_limit(config, pool)
+    time_limit = job_time_limit(config.slurm, pool, CHAIN_HINT)
     trial_dir, run_dir = run_dirs(
         paths.job_storage_root, trial.experiment_id, trial.trial_id, trial.trial_run_id
     )

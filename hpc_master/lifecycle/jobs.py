@@ -303,21 +303,8 @@ class JobDriver:
         """(account to submit as, uid, gid): a root master runs each job as its owner's Unix account."""
         if not self.running_as_root:
             return None, None, None
-        if not sub.owner_unix:
-            raise ClientError(
-                f"user {sub.owner_name!r} has no Unix account to run jobs as; an admin sets one with "
-                f"`det user edit {sub.owner_name} --unix-username NAME`",
-                code="no_unix_account",
-            )
-        try:
-            pw = pwd.getpwnam(sub.owner_unix)
-        except KeyError:
-            raise ClientError(
-                f"Unix account {sub.owner_unix!r} does not exist on the master's host"
-            ) from None
-        if pw.pw_uid == 0:
-            raise ClientError("jobs never run as root; give the user a non-root Unix account")
-        return sub.owner_unix, pw.pw_uid, pw.pw_gid
+        uid, gid = job_account(sub.owner_name, sub.owner_unix)
+        return sub.owner_unix, uid, gid
 
     def _config(self, sub: _Submission) -> ExperimentConfig:
         config = self.configs.peek(sub.config_key)
@@ -575,7 +562,7 @@ class JobDriver:
 
     def _finish(self, run_id: int, exp_id: int, trial_id: int, run_number: int, status: JobStatus) -> None:
         _, run_dir = run_dirs(self.job_storage_root, exp_id, trial_id, run_number)
-        exit_info = _read_exit(Path(run_dir) / "exit.json")
+        exit_info = read_exit(Path(run_dir) / "exit.json")
         with self._tx() as s:
             ended = record_run_end(s, run_id, status, exit_info, self.config.preemption.signal)
         if ended is None:
@@ -623,7 +610,25 @@ def _ensure_image_cache(plan: dict[str, Any]) -> None:
         ensure_cache_dir(str(cache_dir))
 
 
-def _read_exit(path: Path) -> dict[str, Any] | None:
+def job_account(owner_name: str, unix_user: str | None) -> tuple[int, int]:
+    """(uid, gid) of the Unix account a user's jobs run as (a root master's jobs: trials' and tasks')."""
+    if not unix_user:
+        raise ClientError(
+            f"user {owner_name!r} has no Unix account to run jobs as; an admin sets one with "
+            f"`det user edit {owner_name} --unix-username NAME`",
+            code="no_unix_account",
+        )
+    try:
+        pw = pwd.getpwnam(unix_user)
+    except KeyError:
+        raise ClientError(f"Unix account {unix_user!r} does not exist on the master's host") from None
+    if pw.pw_uid == 0:
+        raise ClientError("jobs never run as root; give the user a non-root Unix account")
+    return pw.pw_uid, pw.pw_gid
+
+
+def read_exit(path: Path) -> dict[str, Any] | None:
+    """A job's ``exit.json`` (harness.exec.job_entry), or None when there is none or it cannot be read."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):

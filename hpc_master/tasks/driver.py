@@ -8,10 +8,8 @@ and a task so marked with no job id is looked for by its job comment before anot
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import os
-import pwd
 import secrets
 import socket
 from collections.abc import Iterator
@@ -25,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import TaskModel, UserModel, utcnow
 from hpc_master.errors import ClientError, SlurmError
+from hpc_master.lifecycle.jobs import job_account, read_exit
 from hpc_master.masterconf import MasterConfig
 from hpc_master.tasks import service as svc
 from hpc_master.tasks.config import TaskType, duration_s, parse_task_config
@@ -159,20 +158,7 @@ class TaskDriver:
         return 1
 
     def _job_user(self, owner_name: str, unix_user: str | None) -> tuple[int | None, int | None]:
-        if not self.running_as_root:
-            return None, None
-        if not unix_user:
-            raise ClientError(
-                f"user {owner_name!r} has no Unix account to run jobs as; an admin sets one with "
-                f"`det user edit {owner_name} --unix-username NAME`"
-            )
-        try:
-            pw = pwd.getpwnam(unix_user)
-        except KeyError:
-            raise ClientError(f"Unix account {unix_user!r} does not exist on the master's host") from None
-        if pw.pw_uid == 0:
-            raise ClientError("jobs never run as root; give the user a non-root Unix account")
-        return pw.pw_uid, pw.pw_gid
+        return job_account(owner_name, unix_user) if self.running_as_root else (None, None)
 
     def _prepare(self, task_id: str, owner_name: str, unix_user: str | None) -> TaskJobPlan:
         uid, gid = self._job_user(owner_name, unix_user)
@@ -268,9 +254,9 @@ class TaskDriver:
     def poll(self) -> int:
         with self._tx() as s:
             live = {
-                str(t.slurm_job_id): t.id
-                for t in s.scalars(
-                    select(TaskModel).where(
+                str(job_id): (task_id, run_dir)
+                for task_id, job_id, run_dir in s.execute(
+                    select(TaskModel.id, TaskModel.slurm_job_id, TaskModel.run_dir).where(
                         TaskModel.state.in_(svc.LIVE_STATES), TaskModel.slurm_job_id.is_not(None)
                     )
                 )
@@ -280,7 +266,7 @@ class TaskDriver:
         self.poller.watch_all(live)
         statuses = self.poller.poll()
         ended = 0
-        for job_id, task_id in live.items():
+        for job_id, (task_id, run_dir) in live.items():
             status = statuses.get(job_id)
             if status is None:
                 continue
@@ -291,7 +277,7 @@ class TaskDriver:
                 except SlurmError:
                     continue
             if status.is_terminal or status.outcome is Outcome.UNSCHEDULABLE:
-                self._finish(task_id, status)
+                self._finish(task_id, status, read_exit(Path(run_dir) / "exit.json"))
                 self.poller.unwatch(job_id)
                 ended += 1
             else:
@@ -351,29 +337,31 @@ class TaskDriver:
                     ended += 1
         return ended
 
-    def _finish(self, task_id: str, status: JobStatus) -> None:
+    def _finish(self, task_id: str, status: JobStatus, exit_info: dict[str, Any] | None) -> None:
         with self._tx() as s:
             task = s.get(TaskModel, task_id)
             if task is None or task.state == TaskState.TERMINATED:
                 return
-            exit_info = read_exit(Path(task.run_dir) / "exit.json")
-            code, words = exit_of(status, exit_info, killed=task.kill_requested)
-            if task.kill_requested and task.exit_status and task.exit_status.startswith("idle for"):
-                words = f"{task.exit_status} ({words.removeprefix('killed by the user (')}"
+            # A kill with a reason already recorded (an idle timeout) keeps it; a user's kill has none.
+            why = task.exit_status if task.kill_requested else None
+            code, words = exit_of(status, exit_info, killed=task.kill_requested, why=why)
             if status.node_list and not task.node_list:
                 task.node_list = status.node_list
             svc.finish(task, exit_status=words, exit_code=code)
         log.info("task %s (job %s) ended: %s", task_id, status.job_id, words)
 
 
-def exit_of(status: JobStatus, exit_info: dict[str, Any] | None, *, killed: bool) -> tuple[int | None, str]:
-    """(exit code, why it ended in words) from what Slurm and the job entry's ``exit.json`` say."""
+def exit_of(
+    status: JobStatus, exit_info: dict[str, Any] | None, *, killed: bool, why: str | None = None
+) -> tuple[int | None, str]:
+    """(exit code, why it ended in words) from what Slurm and the job entry's ``exit.json`` say; `why`: the
+    reason the master killed it, when not the user."""
     code = exit_info.get("exitCode") if exit_info else None
     if not isinstance(code, int):
         code = status.exit_code
     slurm = f"Slurm job {status.job_id} {status.message}"
     if killed:
-        return code, f"killed by the user ({slurm})"
+        return code, f"{why or 'killed by the user'} ({slurm})"
     if status.outcome is Outcome.UNSCHEDULABLE:
         return None, f"it can never start here: {status.reason or status.message} ({slurm})"
     if exit_info and exit_info.get("reason"):
@@ -408,14 +396,6 @@ def service_address(path: Path, timeout_s: float = 0.5) -> str | None:
     except OSError:
         return None
     return f"{host}:{port}"
-
-
-def read_exit(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def write_task_dir(

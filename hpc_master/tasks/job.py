@@ -16,13 +16,11 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
-from containers.images import default_cache_dir
-from containers.job import container_section
 from harness.exec import job_plan as run_files
 from hpc_master import priority
 from hpc_master.errors import ConfigError
 from hpc_master.tasks.config import TaskConfig, TaskType
-from hpc_master.trialjob import JobPaths, PoolSpec
+from hpc_master.trialjob import JobPaths, PoolSpec, container_plan, job_time_limit
 from slurm_backend.render import render_sbatch_script
 from slurm_backend.resources import slots_to_nodes
 from slurm_backend.spec import JobSpec
@@ -84,40 +82,6 @@ class TaskJobPlan:
         return files
 
 
-def _time_limit(config: TaskConfig, pool: PoolSpec) -> int | None:
-    limit = config.slurm.time_limit_min or pool.default_time_limit_min
-    if limit is not None and pool.max_time_limit_min is not None and limit > pool.max_time_limit_min:
-        raise ConfigError(
-            f"{limit} minutes is over the {pool.name!r} pool's limit of {pool.max_time_limit_min} minutes",
-            field="slurm.time_limit",
-        )
-    return limit
-
-
-def _container(config: TaskConfig, pool: PoolSpec, paths: JobPaths, gpus: bool) -> dict[str, Any] | None:
-    image = config.environment.image_for("cuda" if gpus else "cpu") or pool.container_image
-    if not image:
-        return None
-    if pool.container_runtime == "none":
-        raise ConfigError(
-            f"the {pool.name!r} pool runs no container runtime (container.runtime: none), so the image "
-            f"{image!r} cannot be used",
-            field="environment.image",
-        )
-    return container_section(
-        runtime=pool.container_runtime,
-        command=pool.container_command,
-        image=image,
-        cache_dir=pool.image_cache_dir or default_cache_dir(paths.job_storage_root),
-        force_pull=config.environment.force_pull_image,
-        gpus=gpus,
-        binds=[(b.host_path, b.container_path, b.read_only) for b in config.bind_mounts],
-        platform_root=paths.platform_root.rstrip("/") or "/",
-        job_storage_root=paths.job_storage_root,
-        checkpoint_root=None,
-    )
-
-
 def build_task_job(
     config: TaskConfig,
     task_type: TaskType,
@@ -137,7 +101,7 @@ def build_task_job(
     shape = slots_to_nodes(
         config.resources.slots, config.slurm.slots_per_node or pool.slots_per_node, single_node=True
     )
-    time_limit = _time_limit(config, pool)
+    time_limit = job_time_limit(config.slurm, pool)
     run_dir = task_run_dir(paths.job_storage_root, task_id)
     workdir = posixpath.join(run_dir, run_files.WORK_DIR)
     output = posixpath.join(run_dir, run_files.OUTPUT_FILE)
@@ -202,7 +166,9 @@ def build_task_job(
         "user_env": user_env,
         "preempt_signal": pool.preempt_signal,
     }
-    container = _container(config, pool, paths, bool(shape.gpus_per_node))
+    container = container_plan(
+        config.environment, config.bind_mounts, pool, paths, bool(shape.gpus_per_node), checkpoint_root=None
+    )
     if container is not None:
         plan["container"] = container
     return TaskJobPlan(

@@ -52,7 +52,8 @@ def new_task_id() -> str:
 def default_description(task_type: TaskType, config: TaskConfig) -> str:
     if config.description:
         return config.description
-    shown = " ".join(config.argv()[2:] if config.argv()[:2] == ["/bin/sh", "-c"] else config.argv())
+    entrypoint = config.entrypoint
+    shown = entrypoint if isinstance(entrypoint, str) else " ".join(entrypoint or [])
     words = {TaskType.COMMAND: "Command", TaskType.NOTEBOOK: "JupyterLab", TaskType.SHELL: "Shell"}
     head = words.get(task_type, "TensorBoard")
     return f"{head} ({shown[:60]}{'…' if len(shown) > 60 else ''})" if shown else head
