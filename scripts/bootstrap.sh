@@ -34,16 +34,18 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys; sys.exit(
   /usr/bin/python3 -m venv "$VENV"
 fi
 PIP=("$VENV/bin/pip" --disable-pip-version-check -q)
+PINS=(-c constraints.txt)
 stamp="$VENV/.hpc-det-deps"
-want="$(sha256sum pyproject.toml | cut -c1-16)"
+# Every install takes its versions from constraints.txt (scripts/pin.sh): a fresh clone installs what CI tested.
+want="$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing Python packages into $VENV (log: $VENV/bootstrap.log)"
   {
-    "${PIP[@]}" install --upgrade pip &&
+    "${PIP[@]}" install "${PINS[@]}" --upgrade pip &&
     # The CPU build of torch lies on this machine's disk; ask for it by exact version first so that the
     # `torch>=` range of the extra is already satisfied and no CUDA build is downloaded.
-    "${PIP[@]}" install torch==2.13.0 &&
-    "${PIP[@]}" install -e '.[dev,bench,mpi,torch,examples,interactive]' &&
+    "${PIP[@]}" install "${PINS[@]}" "$(/usr/bin/python3 scripts/pins_inputs.py torch)" &&
+    "${PIP[@]}" install "${PINS[@]}" -e '.[dev,bench,mpi,torch,examples,interactive]' &&
     # DeepSpeed (the `deepspeed` extra) builds against the torch above (no build isolation: an isolated build
     # would fetch the newest CUDA torch), with its CPU shared-memory collective op compiled now (~50 s) rather
     # than by each user's first job: a job killed during that JIT build leaves a lock in
@@ -52,7 +54,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     deepspeed_req=$("$VENV/bin/python" -c 'import tomllib
 print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["deepspeed"][0])') &&
     DS_ACCELERATOR=cpu DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 \
-      "${PIP[@]}" install --no-build-isolation --no-cache-dir "$deepspeed_req" &&
+      "${PIP[@]}" install "${PINS[@]}" --no-build-isolation --no-cache-dir "$deepspeed_req" &&
     "$VENV/bin/python" -c 'from deepspeed.git_version_info import installed_ops as o; assert o["deepspeed_shm_comm"]'
   } >"$VENV/bootstrap.log" 2>&1 || { tail -40 "$VENV/bootstrap.log"; echo "bootstrap: pip failed" >&2; exit 1; }
   echo "$want" > "$stamp"
@@ -66,4 +68,14 @@ fi
 # it against our master (tests/determined_client/); never on the jobs' path. Fast when already installed.
 scripts/determined_client.sh >/dev/null
 scripts/install_apptainer.sh  # Apptainer in a private prefix (Debian 12 has none); fast when already installed
+# The web UI's formatter and linter (Biome, package-lock.json), run offline by the test scripts.
+if ! command -v npm >/dev/null 2>&1; then
+  echo "bootstrap: installing Debian's nodejs and npm (for the web UI's linter)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
+js_want="$(sha256sum package-lock.json | cut -c1-16)"
+if [ "$(cat node_modules/.hpc-det-lock 2>/dev/null)" != "$js_want" ]; then
+  npm ci --no-audit --no-fund --loglevel=error >/dev/null
+  echo "$js_want" > node_modules/.hpc-det-lock
+fi
 echo "bootstrap: ready ($("$VENV/bin/python" --version), $VENV)"

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The whole test suite on real parts, from a fresh Debian 12 machine (run as root):
-# installs what is missing, brings up the local Slurm cluster (unless one is already up) and a private
-# PostgreSQL, runs the linters and every test as required (no silent skips), and takes down what it started.
-#   scripts/test.sh [PYTEST ARGS...]     # as root (another user: through sudo)
+# The whole test suite on real parts, from a fresh Debian 12 machine (run as root): installs what is missing,
+# runs the fast lane (scripts/test-fast.sh, as an unprivileged account; if it fails, nothing else starts), then
+# brings up the local Slurm cluster (unless one is already up) and a private PostgreSQL and runs every other
+# test as required (no silent skips): first the ones that can share the machine, several at a time, then the
+# ones that need the cluster to themselves, one at a time. It takes down what it started.
+#   scripts/test.sh                      # as root (another user: through sudo); what CI runs
+#   scripts/test.sh [PYTEST ARGS...]     # only these tests, in one pytest, with the cluster and PostgreSQL up
+#   DET_TEST_WORKERS=N                   # workers of the shared lane (default 3)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$HERE"
@@ -22,22 +26,64 @@ if ! runuser -u nobody -- test -r "$HERE/pyproject.toml" 2>/dev/null; then
 fi
 
 started=$(date +%s)
+phase() { echo "test: $1 ($(($(date +%s) - started)) s in)"; }
 scripts/bootstrap.sh
 export PATH="$HERE/.venv/bin:$PATH"
-# Horovod for its e2e test (built once with the C++17 fix, about 2 minutes on 2 cores; cached by version).
-if ! tests/e2e/distributed_context/horovod/build_wheel.sh >/var/tmp/hpc-det-horovod-build.log 2>&1; then
-  echo "test: building Horovod failed (see /var/tmp/hpc-det-horovod-build.log); the Horovod test will skip"
+export DET_TEST_REQUIRE_ALL=1
+# Every test process carries this session's id (tests/leakgate.py); whatever is left of them at the end is killed.
+export HPC_DET_TEST_SESSION="${HPC_DET_TEST_SESSION:-$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n')}"
+
+# Core dumps: a process that crashes during the run leaves its core here, and the leak gate fails the test
+# during which it appeared. The machine's own settings come back at the end.
+CORE_DIR="/var/tmp/hpc-det-cores/$HPC_DET_TEST_SESSION"
+mkdir -p "$CORE_DIR" && chmod 1777 "$CORE_DIR"
+old_core_pattern="$(cat /proc/sys/kernel/core_pattern)"
+if echo "$CORE_DIR/core.%e.%p" >/proc/sys/kernel/core_pattern 2>/dev/null; then
+  export DET_TEST_CORE_DIR="$CORE_DIR"
+else
+  echo "test: cannot set the kernel's core pattern here; core files are not checked"
 fi
+ulimit -c unlimited
 
 cleanup() {
   local rc=$?
   set +e
+  [ -n "${old_core_pattern:-}" ] && echo "$old_core_pattern" >/proc/sys/kernel/core_pattern 2>/dev/null
   if [ "${STARTED_CLUSTER:-0}" = 1 ]; then det deploy local down; fi
   if [ "${STARTED_PG:-0}" = 1 ]; then scripts/postgres.sh stop; fi
-  echo "test: finished in $(( $(date +%s) - started )) s with exit status $rc"
+  # Test processes that outlived pytest (a killed run): whatever carries this session's id but the cluster's
+  # and PostgreSQL's daemons (tests/leakgate.py's DAEMONS), this script and its children.
+  for env in /proc/[0-9]*/environ; do
+    pid=${env#/proc/}; pid=${pid%/environ}
+    [ "$pid" = $$ ] || [ "$(cut -d' ' -f4 "/proc/$pid/stat" 2>/dev/null)" = $$ ] && continue
+    comm=$(cat "/proc/$pid/comm" 2>/dev/null) || continue
+    case "$comm" in slurmctld|slurmd|slurmdbd|slurmstepd|munged|mariadbd|mysqld|postgres) continue ;; esac
+    if tr '\0' '\n' <"$env" 2>/dev/null | grep -qx "HPC_DET_TEST_SESSION=$HPC_DET_TEST_SESSION"; then
+      kill -9 "$pid" 2>/dev/null && echo "test: killed leftover process $pid ($comm)"
+    fi
+  done
+  echo "test: finished in $(($(date +%s) - started)) s with exit status $rc"
   exit $rc
 }
 trap cleanup EXIT
+
+# The fast lane first, as an account that is not root: it needs no service, and if it fails nothing else runs.
+if [ $# -eq 0 ]; then
+  phase "the fast lane (scripts/test-fast.sh, as nobody)"
+  fast_home=$(mktemp -d /tmp/hpc-det-fast.XXXXXX) && chown nobody "$fast_home"
+  if ! runuser -u nobody -- env HOME="$fast_home" TMPDIR="$fast_home" PATH="$PATH" scripts/test-fast.sh; then
+    echo "test: the fast lane failed (above); the cluster was not started and nothing else ran" >&2
+    exit 1
+  fi
+  rm -rf "$fast_home"
+fi
+
+# Horovod for its e2e test (built once with the C++17 fix, about 2 minutes on 2 cores; cached by version). It
+# builds while the shared lane runs; the Horovod test waits for it (tests/e2e/test_distributed.py).
+export DET_TEST_HOROVOD_LOG=/var/tmp/hpc-det-horovod-build.log
+rm -f "$DET_TEST_HOROVOD_LOG.done"
+( tests/e2e/distributed_context/horovod/build_wheel.sh >"$DET_TEST_HOROVOD_LOG" 2>&1
+  echo $? >"$DET_TEST_HOROVOD_LOG.done" ) &
 
 # status exits 0 only when the cluster is up and its daemons run; a stale one (a state file left from before a
 # restart, or a machine restored from a disk image) is removed and started afresh by `up`.
@@ -47,7 +93,7 @@ else
   t0=$(date +%s)
   det deploy local up --nodes 2 --gpus-per-node 2 --cpus-per-node 4 --create-user "${DET_TEST_USER:-researcher}"
   STARTED_CLUSTER=1
-  echo "test: cluster up in $(( $(date +%s) - t0 )) s"
+  echo "test: cluster up in $(($(date +%s) - t0)) s"
 fi
 id "${DET_TEST_USER:-researcher}" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "${DET_TEST_USER:-researcher}"
 
@@ -57,11 +103,16 @@ if [ -z "${DET_TEST_PG_URL:-}" ]; then
 fi
 export DET_TEST_PG_URL
 
-echo "test: ruff and mypy"
-ruff check .
-ruff format --check .
-mypy
-
-export DET_TEST_REQUIRE_ALL=1
-echo "test: pytest"
-pytest -q -p no:cacheprovider "$@"
+PYTEST=(pytest -q -p no:cacheprovider)
+if [ $# -gt 0 ]; then
+  phase "pytest $*"
+  "${PYTEST[@]}" "$@"
+  exit
+fi
+FAST_LANE="not slurm and not postgres and not browser and not determined_client and not apptainer and not gpu and not root and not exclusive"
+rc=0
+phase "the shared lane: every other test that can share the machine, ${DET_TEST_WORKERS:-3} at a time"
+"${PYTEST[@]}" -n "${DET_TEST_WORKERS:-3}" --dist loadgroup -m "not ($FAST_LANE) and not exclusive" || rc=$?
+phase "the exclusive lane: tests that need the cluster to themselves, one at a time"
+"${PYTEST[@]}" -m "exclusive" || rc=$?
+exit $rc

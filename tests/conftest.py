@@ -22,4 +22,5 @@ def require(condition: bool, what: str) -> None:
 
 # Fixtures for tests on the real Slurm cluster (`cluster`, `researcher`, `shared_dir`), shared by tests/slurm
 # and tests/e2e.
-pytest_plugins = ["tests.slurm.fixtures"]
+# The leak gate (tests/leakgate.py): a test that leaves a job, a process or a core dump behind fails.
+pytest_plugins = ["tests.slurm.fixtures", "tests.leakgate"]

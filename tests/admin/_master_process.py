@@ -3,15 +3,19 @@ socket (``$NOTIFY_SOCKET``, ``Type=notify``), and stopped with SIGTERM (``system
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.leakgate import die_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 60.0
@@ -80,7 +84,12 @@ class MasterProcess:
             self.proc.wait()
         if self.notify.fileno() >= 0:
             self.drain()
+            address = self.notify.getsockname()
             self.notify.close()
+            if isinstance(address, str) and address.startswith(tempfile.gettempdir()):
+                Path(address).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    Path(address).parent.rmdir()
 
     def drain(self) -> None:
         self.notify.setblocking(False)
@@ -115,7 +124,8 @@ def start_master(
         notify.bind("\0" + name)
         address = "@" + name
     else:
-        address = str(root / f"notify-{uuid.uuid4().hex[:8]}.sock")
+        # A socket path has at most 107 bytes: under a test's tmp_path (xdist adds to it) it may not fit.
+        address = str(Path(tempfile.mkdtemp(prefix="hpcdet-notify-")) / "notify.sock")
         notify.bind(address)
     full_env = {**(env or master_env(root)), "NOTIFY_SOCKET": address}
     log_path = root / f"master-{port}.log"
@@ -126,6 +136,7 @@ def start_master(
         proc = subprocess.Popen(
             [*prefix, sys.executable, "-m", module, "--port", str(port), *args],
             env=full_env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
         )  # fmt: skip
     master = MasterProcess(proc, f"http://127.0.0.1:{port}", log_path, notify)
     if wait_ready:

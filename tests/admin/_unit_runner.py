@@ -137,6 +137,8 @@ class Runner:
         if self.main_pid(unit) is not None:
             return 0
         env = {"PATH": SYSTEMD_PATH, "LANG": "C.UTF-8", **unit.environment}
+        # The test's tag (tests/leakgate.py), so that a service left running fails the test that started it.
+        env.update({k: v for k, v in os.environ.items() if k == "HPC_DET_TEST_TAG"})
         for path in unit.environment_files:
             env.update(read_environment_file(path))
         for directory in unit.state_directories:

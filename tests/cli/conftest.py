@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from hpc_master.cli.main import main
+from tests.leakgate import die_with_parent
 
 MASTER_START_TIMEOUT_S = 30.0
 REPO = Path(__file__).resolve().parents[2]
@@ -64,7 +65,7 @@ def running_master(
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", *argv], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + MASTER_START_TIMEOUT_S

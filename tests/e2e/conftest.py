@@ -25,10 +25,17 @@ import httpx
 import pytest
 
 from local_cluster.spec import LocalClusterSpec, get_state_dir
+from tests.leakgate import die_with_parent, note_master
 from tests.slurm.fixtures import SHARED_TEST_ROOT, Researcher
 
 CONTEXT = Path(__file__).parent / "context"
-TERMINAL = {"STATE_COMPLETED", "STATE_CANCELED", "STATE_ERROR"}
+TERMINAL = {"STATE_COMPLETED", "STATE_CANCELED", "STATE_ERROR", "STATE_DELETED"}
+TASK_ROUTES = {
+    "COMMAND": "commands",
+    "NOTEBOOK": "notebooks",
+    "TENSORBOARD": "tensorboards",
+    "SHELL": "shells",
+}
 
 
 def _bridge_ip() -> str:
@@ -50,6 +57,7 @@ class Master:
         self.port = _free_port(self.host)
         self.url = f"http://{self.host}:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.cluster_id = ""
         self.researcher = researcher
         self._http_local = threading.local()
         self._http_generation = 0
@@ -83,12 +91,15 @@ poll_interval_s: 1
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "hpc_master.server", "--config", str(self.root / "master.yaml")],
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root,
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root, preexec_fn=die_with_parent,
             )  # fmt: skip
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/api/v1/master", timeout=1).status_code == 200:
+                answer = httpx.get(f"{self.url}/api/v1/master", timeout=1)
+                if answer.status_code == 200:
+                    self.cluster_id = str(answer.json()["clusterId"])
+                    note_master(self.cluster_id)
                     return
             except httpx.HTTPError:
                 time.sleep(0.2)
@@ -110,6 +121,49 @@ poll_interval_s: 1
 
     def live_job_ids(self) -> list[str]:
         return self.job_ids(live_only=True)
+
+    def slurm_jobs(self, *, states: str = "all") -> list[str]:
+        """The jobs Slurm still knows whose comment names this master (trials' and tasks' alike)."""
+        prefix = f"hpc-det:{self.cluster_id.replace('-', '')[:12]}:"
+        out = subprocess.run(
+            ["squeue", "-h", "-a", "-t", states, "-o", "%i|%k"], capture_output=True, text=True
+        ).stdout
+        return [
+            line.split("|", 1)[0] for line in out.splitlines() if line.partition("|")[2].startswith(prefix)
+        ]
+
+    def jobs_of(self, exp: int, trial: int | None = None, *, states: str = "all") -> list[str]:
+        """This master's jobs of experiment `exp` (of one trial) that Slurm still knows: by comment, since job
+        names repeat across the masters that tests run at the same time."""
+        mark = f":exp={exp},trial={trial}," if trial is not None else f":exp={exp},"
+        prefix = f"hpc-det:{self.cluster_id.replace('-', '')[:12]}"
+        out = subprocess.run(
+            ["squeue", "-h", "-a", "-t", states, "-o", "%i|%k"], capture_output=True, text=True
+        ).stdout
+        return [
+            job for job, _, comment in (line.partition("|") for line in out.splitlines())
+            if comment.startswith(prefix + mark)
+        ]  # fmt: skip
+
+    def end_everything(self, timeout_s: float = 120) -> None:
+        """Kill every experiment and task that has not ended, and wait for their jobs to leave Slurm."""
+        admin = self.login("admin", "admin-pw")
+        for exp in self.api("GET", "/experiments", admin, params={"limit": 1000})["experiments"]:
+            if exp["state"] not in TERMINAL:
+                self._http().post(f"{self.url}/api/v1/experiments/{exp['id']}/kill", headers=admin)
+        for summary in self.api("GET", "/tasks", admin)["allocationIdToSummary"].values():
+            plural = TASK_ROUTES.get(summary["taskType"])
+            if plural:
+                self._http().post(f"{self.url}/api/v1/{plural}/{summary['taskId']}/kill", headers=admin)
+        deadline = time.monotonic() + timeout_s
+        while self.slurm_jobs() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = self.slurm_jobs()
+        if left:
+            subprocess.run(["scancel", "--quiet", *left], check=False)
+            raise AssertionError(
+                f"jobs {left} still in Slurm {timeout_s:.0f} s after their experiments were killed"
+            )
 
     def job_ids(self, *, live_only: bool = False) -> list[str]:
         """The Slurm job ids of this master's trial runs (job names repeat across masters)."""
@@ -207,12 +261,34 @@ def started(m: Master, *, settle_s: float = 0.0) -> Iterator[Master]:
             subprocess.run(["scancel", "--quiet", *jobs], check=False)
 
 
-@pytest.fixture()
-def master(researcher: Researcher) -> Iterator[Master]:
+def new_master(researcher: Researcher, db_url: str | None = None) -> Master:
+    """A master (not started) with its own directory under the shared test root."""
     root = SHARED_TEST_ROOT / f"master-{uuid.uuid4().hex[:10]}"
     root.mkdir(parents=True)
     root.chmod(0o755)
-    with started(Master(root, researcher)) as m:
+    return Master(root, researcher, db_url)
+
+
+@pytest.fixture(scope="module")
+def shared_master(researcher: Researcher) -> Iterator[Master]:
+    """One master for a module's tests: starting one per test cost each test its start and its first user."""
+    with started(new_master(researcher)) as m:
+        yield m
+
+
+@pytest.fixture()
+def master(shared_master: Master) -> Iterator[Master]:
+    """The module's master. What a test started on it ends with the test (its experiments and tasks killed,
+    their jobs gone), so the next test finds it idle; a test that kills the master or needs an empty database
+    asks for `own_master` instead."""
+    yield shared_master
+    shared_master.end_everything()
+
+
+@pytest.fixture()
+def own_master(researcher: Researcher) -> Iterator[Master]:
+    """A master of the test's own: for tests that kill and restart it, or read all of its records."""
+    with started(new_master(researcher)) as m:
         yield m
 
 
@@ -231,10 +307,19 @@ def fresh_pg_database() -> Iterator[str]:
         yield url
 
 
-@pytest.fixture()
-def alice(master: Master) -> dict[str, str]:
-    """A master user whose jobs run as the researcher's Unix account."""
+def make_alice(master: Master) -> dict[str, str]:
+    """The master user alice, whose jobs run as the researcher's Unix account (created on first use)."""
+    r = master._http().post(
+        f"{master.url}/api/v1/auth/login", json={"username": "alice", "password": "alice-pw"}
+    )
+    if r.status_code == 200:
+        return {"Authorization": f"Bearer {r.json()['token']}"}
     admin = master.login("admin", "admin-pw")
     user = {"username": "alice", "admin": False, "active": True, "unixUsername": master.researcher.name}
     master.api("POST", "/users", admin, json={"user": user, "password": "alice-pw"})
     return master.login("alice", "alice-pw")
+
+
+@pytest.fixture()
+def alice(master: Master) -> dict[str, str]:
+    return make_alice(master)

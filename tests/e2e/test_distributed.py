@@ -7,6 +7,7 @@ resumes to the same number of batches as an uninterrupted run."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -15,7 +16,9 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import require
 from tests.e2e.conftest import Master
+from tests.slurm.fixtures import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -85,10 +88,7 @@ def _flat(tensors: list[list[float]]) -> list[float]:
 
 
 def _no_jobs_left(master: Master, exp: int) -> bool:
-    out = subprocess.run(
-        ["squeue", "-h", "-u", master.researcher.name, "-o", "%j"], capture_output=True, text=True, check=True
-    ).stdout
-    return not any(name.startswith(f"det-e{exp}-") for name in out.split())
+    return not master.jobs_of(exp)
 
 
 def _wait_no_jobs(master: Master, exp: int, timeout_s: float = 20) -> None:
@@ -296,10 +296,7 @@ def test_pytorch_trial_on_four_slots_survives_slurm_preemption_signals(
     exp = master.create_experiment(alice, TRIAL.format(slots=4, sleep_s=0.3), CONTEXTS / "trial")
     _wait_trial(master, alice, exp, lambda t: t["stepsCompleted"] >= 25, "25 batches", 240)
     trial_id = _only_trial(master, alice, exp)["id"]
-    job = subprocess.run(
-        ["squeue", "-h", "-u", master.researcher.name, "-n", f"det-e{exp}-t{trial_id}", "-o", "%i"],
-        capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
+    job = master.jobs_of(exp, trial_id)
     assert len(job) == 1
     # What Slurm's preemption does first (slurmctld's job_signal(SIGTERM) without KILL_FULL_JOB): SIGTERM to
     # every process of the job's steps on both nodes; not to the batch step, where srun would turn it into
@@ -321,7 +318,6 @@ def test_pytorch_trial_on_four_slots_survives_slurm_preemption_signals(
 
 
 # -- Horovod, when its wheel was built (tests/e2e/distributed_context/horovod/build_wheel.sh, ~15 min) ---------
-HOROVOD_SITES = sorted(Path("/var/cache/hpc-det/site").glob("horovod-0.28.1_*/horovod"))
 HOROVOD = """
 name: e2e-horovod
 entrypoint: python3 -m determined.launch.horovod python3 hvd_check.py
@@ -332,13 +328,23 @@ max_restarts: 0
 """
 
 
-@pytest.mark.skipif(
-    not HOROVOD_SITES, reason="no Horovod build: run tests/e2e/distributed_context/horovod/build_wheel.sh"
-)
+def _horovod_site() -> Path:
+    """The Horovod build's site directory. scripts/test.sh builds it while other tests run and names its log in
+    DET_TEST_HOROVOD_LOG (``<log>.done`` holds the build's exit status): wait for it then."""
+    log = os.environ.get("DET_TEST_HOROVOD_LOG")
+    if log:
+        done = Path(f"{log}.done")
+        wait_for(done.exists, 1200, f"the Horovod build (log: {log})", interval_s=2)
+        require(done.read_text().strip() == "0", f"a Horovod build (it failed; see {log})")
+    sites = sorted(Path("/var/cache/hpc-det/site").glob("horovod-0.28.1_*/horovod"))
+    require(bool(sites), "a Horovod build (tests/e2e/distributed_context/horovod/build_wheel.sh)")
+    return sites[-1].parent
+
+
 def test_horovod_allreduce_across_two_nodes_through_the_horovod_launcher(
     master: Master, alice: dict[str, str]
 ) -> None:
-    config = HOROVOD.format(site=HOROVOD_SITES[-1].parent)
+    config = HOROVOD.format(site=_horovod_site())
     _, log, rows = _four_rank_results(master, alice, config, "horovod")
     assert len({r["host"] for r in rows.values()}) == 2, log
     for prefix_rank, r in rows.items():

@@ -72,6 +72,7 @@ def _node_healthy(node: str) -> bool:
     return bool(state) and not state.endswith("*") and state.split("+")[0] in {"idle", "mix", "alloc", "comp"}
 
 
+@pytest.mark.exclusive  # kills a node's slurmd and every process on it
 def test_a_node_failure_restarts_the_trial_from_its_checkpoint(master: Master, alice: dict[str, str]) -> None:
     config = """
 name: e2e-nodefail

@@ -107,6 +107,7 @@ def _job_node(job_id: str) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.exclusive  # an urgent job preempts every batch job on the cluster
 def test_a_job_preempted_as_its_trial_reaches_max_length_after_pause_and_activate_completes(
     master: Master, alice: dict[str, str], tmp_path: Path
 ) -> None:

@@ -18,7 +18,8 @@ import pytest
 from tests.e2e.conftest import Master
 from tests.slurm.fixtures import wait_for
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# exclusive: measures the order in which jobs start, which other jobs would change
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.exclusive]
 DONE = {"STATE_COMPLETED", "STATE_ERROR", "STATE_CANCELED"}
 PAIR = """
 name: e2e-priority-NAME

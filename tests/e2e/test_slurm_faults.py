@@ -80,6 +80,7 @@ def _recount_gres_after_the_outage() -> None:
     assert "AllocTRES=gres/gpu" not in scontrol_nodes()
 
 
+@pytest.mark.exclusive  # stops slurmctld for everyone
 def test_a_controller_outage_mid_experiment_loses_nothing(master: Master, alice: dict[str, str]) -> None:
     try:
         _outage_mid_experiment(master, alice)
@@ -155,6 +156,7 @@ def _det(master: Master, *args: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.exclusive  # asserts Slurm's pending reason, which other jobs' use of the nodes would change
 def test_a_submit_limit_keeps_trials_waiting_and_describe_says_why(
     master: Master, alice: dict[str, str], limited_account: str
 ) -> None:
@@ -230,6 +232,7 @@ def _latencies(master: Master, headers: dict[str, str], n: int) -> list[float]:
     return out
 
 
+@pytest.mark.exclusive  # compares the API's latencies, which other tests' load would change
 def test_a_slow_controller_does_not_slow_the_api(slow_master: Master) -> None:
     admin = slow_master.login("admin", "admin-pw")
     user = {"username": "bob", "admin": False, "active": True, "unixUsername": slow_master.researcher.name}

@@ -5,33 +5,27 @@ user cannot act on it from the UI."""
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Master, fresh_pg_database, started
+from tests.e2e.conftest import Master, fresh_pg_database, new_master, started
 from tests.e2e.test_experiments import LONG, TERMINAL_OK
-from tests.slurm.fixtures import SHARED_TEST_ROOT, Researcher
+from tests.slurm.fixtures import Researcher, wait_for
 from tests.webui.conftest import Page
 from tests.webui.conftest import browser as browser  # the chromium fixture (one per module)
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.browser]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.browser, pytest.mark.postgres]
 
 
-@pytest.fixture(params=[pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)])
-def master(request: pytest.FixtureRequest, researcher: Researcher) -> Iterator[Master]:
-    """The e2e master, on SQLite and on PostgreSQL."""
-    root = SHARED_TEST_ROOT / f"master-{uuid.uuid4().hex[:10]}"
-    root.mkdir(parents=True)
-    root.chmod(0o755)
-    with contextlib.ExitStack() as stack:
-        url = stack.enter_context(fresh_pg_database()) if request.param == "postgres" else None
-        yield stack.enter_context(started(Master(root, researcher, url)))
+@pytest.fixture(scope="module")
+def shared_master(researcher: Researcher) -> Iterator[Master]:
+    """This module's master runs on PostgreSQL, as a shared install does (the other e2e modules' on SQLite;
+    the pages' queries are tested on both by tests/master and tests/webui)."""
+    with fresh_pg_database() as url, started(new_master(researcher, url)) as m:
+        yield m
 
 
 def _trial(
@@ -77,11 +71,7 @@ def test_pause_activate_and_live_logs_from_the_ui(
         p.wait_for_selector("#exp-state:has-text('PAUSED')", timeout=5_000)
         paused = _trial(master, alice, exp, lambda t: t["state"] == "STATE_PAUSED", "the trial to pause")
         assert _trial(master, alice, exp, lambda t: t["latestCheckpointUuid"], "a checkpoint")
-        time.sleep(2)
-        squeue = subprocess.run(
-            ["squeue", "-h", "-j", ",".join(master.job_ids())], capture_output=True, text=True, check=False
-        )
-        assert squeue.stdout.strip() == "", "the paused trial's Slurm job is still there"
+        wait_for(lambda: not master.jobs_of(exp), 30, "the paused trial's Slurm job to leave Slurm")
 
         # Another non-admin user sees it but cannot act on it.
         bob.login("bob", "bob-pw")

@@ -1,12 +1,16 @@
-"""Fixtures: every storage/API test runs on SQLite and on PostgreSQL (``DET_TEST_PG_URL``).
+"""Fixtures: the master's database and app, on SQLite; the storage contract on PostgreSQL too.
 
-PostgreSQL tests are skipped when ``DET_TEST_PG_URL`` is unset, unless ``DET_TEST_REQUIRE_ALL=1`` (then they
-fail). Start a private server with ``scripts/postgres.sh start``.
+A test marked ``storage`` (what depends on the database: storage functions, migrations, concurrency, ingest,
+listing queries) runs on SQLite and on PostgreSQL (``DET_TEST_PG_URL``); every other test runs on SQLite only,
+since a route's checks and answers do not change with the database under it. PostgreSQL tests are skipped when
+``DET_TEST_PG_URL`` is unset, unless ``DET_TEST_REQUIRE_ALL=1`` (then they fail). Start a private server with
+``scripts/postgres.sh start``.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -81,6 +85,18 @@ def pg_database() -> Iterator[str]:
         admin.dispose()
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An SQLite database migrated to head once; each test's database starts as a copy of it (the migrations
+    took about a third of a route test's time). The migrations themselves are tested in test_storage.py."""
+    path = tmp_path_factory.mktemp("template") / "master.db"
+    eng = make_engine(f"sqlite:///{path}")
+    upgrade_to_head(eng)
+    eng.dispose()  # the last connection closes: the WAL is checkpointed into the file, which is then whole
+    assert not path.with_name("master.db-wal").exists()
+    return path
+
+
 _PG_ENGINES: dict[str, Engine] = {}
 
 
@@ -90,11 +106,22 @@ def _truncate(engine: Engine) -> None:
         conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
 
 
-@pytest.fixture(params=BACKENDS)
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    if request.param == "sqlite":
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "db_backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker("storage"):
+        metafunc.parametrize("db_backend", BACKENDS, indirect=True)
+
+
+@pytest.fixture
+def db_backend(request: pytest.FixtureRequest) -> str:
+    """`sqlite`, or each of BACKENDS for a test marked ``storage``."""
+    return str(getattr(request, "param", "sqlite"))
+
+
+@pytest.fixture
+def engine(db_backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    if db_backend == "sqlite":
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), tmp_path / "master.db")
         eng = make_engine(f"sqlite:///{tmp_path / 'master.db'}")
-        upgrade_to_head(eng)
         yield eng
         eng.dispose()
         return

@@ -133,6 +133,7 @@ def test_user_cannot_change_another_users_experiment(client: TestClient) -> None
     assert state == "STATE_ACTIVE"
 
 
+@pytest.mark.storage  # listing queries, idempotent ingest, a commit waking a long poll, large objects
 def test_experiment_actions_and_listing(client: TestClient) -> None:
     admin = login(client)
     alice = make_user(client, admin, "alice")
@@ -202,6 +203,7 @@ def test_oversize_context_is_413(
     assert count(sessions, ExperimentModel) == 0
 
 
+@pytest.mark.storage  # listing queries, idempotent ingest, a commit waking a long poll, large objects
 def test_context_is_stored_packed(client: TestClient, sessions: sessionmaker[Session]) -> None:
     admin = login(client)
     files = [context_file("train.py"), {"path": "pkg", "type": 53, "content": ""}, context_file("pkg/m.py")]
@@ -223,6 +225,7 @@ def test_context_is_stored_packed(client: TestClient, sessions: sessionmaker[Ses
 # ---------------------------------------------------------------- harness routes
 
 
+@pytest.mark.storage  # listing queries, idempotent ingest, a commit waking a long poll, large objects
 def test_metrics_batch_is_idempotent(client: TestClient, sessions: sessionmaker[Session]) -> None:
     admin = login(client)
     trial_id, token = make_trial(sessions, create_experiment(client, admin))
@@ -260,6 +263,7 @@ def ckpt_uuid(name: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_OID, name))
 
 
+@pytest.mark.storage  # listing queries, idempotent ingest, a commit waking a long poll, large objects
 def test_checkpoints_listed_best_first(client: TestClient, sessions: sessionmaker[Session]) -> None:
     admin = login(client)
     exp_id = create_experiment(client, admin)
@@ -506,6 +510,7 @@ def test_a_stop_request_for_another_run_does_not_wake_a_preemption_poll(
     assert reads == [watched, watched]  # when asked, and at its timeout; not when the other run was stopped
 
 
+@pytest.mark.storage  # listing queries, idempotent ingest, a commit waking a long poll, large objects
 def test_preemption_long_poll_is_woken_by_a_committed_stop_request(
     client: TestClient, sessions: sessionmaker[Session]
 ) -> None:

@@ -118,6 +118,7 @@ def test_the_openapi_document_states_the_bounds(client: TestClient) -> None:
     assert params["offset"]["maximum"] == 2**31 - 1
 
 
+@pytest.mark.storage  # what the database can hold
 def test_values_the_database_cannot_hold_are_400_not_500(client: TestClient) -> None:
     """The safety net behind the bounds: an OverflowError or a DataError is the request's fault."""
     app: Any = client.app

@@ -39,8 +39,11 @@ from hpc_master.services.checkpoints import CheckpointReport, report_checkpoint
 from hpc_master.services.experiment_patch import patch_experiment
 from hpc_master.services.states import TerminationReason, TrialState
 from hpc_master.services.users import Principal
+from tests.conftest import require
 
 from .helpers import CONFIG
+
+pytestmark = pytest.mark.storage  # checkpoint claims and deletions, the GC migration
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 LOSSES = {5: 0.5, 10: 0.2, 15: 0.4, 20: 0.3}  # best at 10, latest at 20
@@ -368,14 +371,14 @@ def test_collecting_never_waits_for_the_files(
 
 @pytest.fixture
 def researcher_storage() -> Iterator[tuple[str, Path]]:
-    """A storage root the researcher owns on the shared test directory (root only; skipped elsewhere)."""
-    if os.geteuid() != 0:
-        pytest.skip("removing as another account needs a root master")
+    """A storage root the researcher owns on the shared test directory (as root, with the researcher account)."""
+    require(os.geteuid() == 0, "root (removing as another account needs a root master)")
     name = os.environ.get("DET_TEST_USER", "researcher")
     try:
         pw = pwd.getpwnam(name)
     except KeyError:
-        pytest.skip(f"no {name!r} account")
+        require(False, f"the {name!r} account")
+        raise
     base = Path(os.environ.get("DET_TEST_SHARED_DIR", "/var/tmp/hpc-det-tests"))
     base.mkdir(parents=True, exist_ok=True)
     base.chmod(0o1777)
@@ -388,6 +391,7 @@ def researcher_storage() -> Iterator[tuple[str, Path]]:
         shutil.rmtree(storage, ignore_errors=True)
 
 
+@pytest.mark.root
 def test_a_root_master_deletes_as_the_owner_and_never_follows_a_link(
     sessions: sessionmaker[Session], root: Path, clock: Clock, researcher_storage: tuple[str, Path]
 ) -> None:

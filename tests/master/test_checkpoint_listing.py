@@ -131,6 +131,7 @@ def test_bounds(client: TestClient, world: dict[str, Any], query: str, field: st
     assert client.get(f"/api/v1/trials/{2**31}/checkpoints", headers=world["alice"]).status_code == 400
 
 
+@pytest.mark.storage  # listing queries
 def test_determined_sorts_orders_states_and_pages(
     client: TestClient, sessions: sessionmaker[Session], world: dict[str, Any]
 ) -> None:
@@ -178,6 +179,7 @@ def test_determined_sorts_orders_states_and_pages(
     assert listed(client, trial, h, limit=1) == [w["b10"]]
 
 
+@pytest.mark.storage  # listing queries
 def test_every_route_gives_the_same_determined_checkpoint(
     client: TestClient, config: MasterConfig, world: dict[str, Any]
 ) -> None:

@@ -209,6 +209,7 @@ def test_a_deletion_that_fails_is_answered_and_recorded(client: TestClient, worl
 # ---------------------------------------------------------------- storage accounting in the API
 
 
+@pytest.mark.storage  # aggregate queries
 def test_experiments_and_trials_carry_their_checkpoint_totals(
     client: TestClient, sessions: sessionmaker[Session], world: dict[str, Any]
 ) -> None:

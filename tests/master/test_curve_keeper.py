@@ -19,6 +19,8 @@ from hpc_master.services.curve_keeper import CurveKeeper
 from hpc_master.services.curves import CurveCache, ExperimentCurves
 from tests.webui.seed import seed_experiment, seed_user
 
+pytestmark = pytest.mark.storage  # saved curves and the queries that read them
+
 Sample = dict[int, tuple[list[int], list[float]]]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -37,6 +38,7 @@ def test_info_and_master(client: TestClient) -> None:
     assert master["hasCustomLogo"] is False and master["strictJobQueueControl"] is False
 
 
+@pytest.mark.storage  # listing queries
 def test_users_by_name_by_id_and_paginated(client: TestClient) -> None:
     admin = login(client)
     alice = make_user(client, admin, "alice")
@@ -74,6 +76,7 @@ def test_experiment_lists_carry_the_config_masked_for_others(client: TestClient)
     assert other["config"]["name"] == "secretive"  # type: ignore[index]
 
 
+@pytest.mark.storage  # listing queries
 def test_experiment_lists_carry_each_experiments_own_trial_ids(
     client: TestClient, sessions: sessionmaker[Session]
 ) -> None:

@@ -17,6 +17,8 @@ from hpc_master.db.models import MetricModel, SearcherOpCompletionModel, TrialMo
 from tests.master.helpers import create_experiment, login, make_user
 from tests.master.test_api import bearer, make_trial
 
+pytestmark = pytest.mark.storage  # metrics ingest
+
 
 def _state(client: TestClient) -> AppState:
     state: AppState = client.app.state.det  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -14,6 +15,8 @@ from hpc_master.lifecycle.loop import LifecycleLoop
 from hpc_master.services import lifecycle
 
 from .helpers import seed_trial
+
+pytestmark = pytest.mark.storage  # deletion queries
 
 
 def _token_hashes(sessions: sessionmaker[Session]) -> set[str]:

@@ -212,6 +212,7 @@ def test_submit_run_and_complete(world: World) -> None:
     assert world.cluster.count("sbatch") == 1
 
 
+@pytest.mark.storage  # the lifecycle's guarded writes
 def test_preemption_resubmits_from_the_checkpoint_and_every_step_is_exact(world: World) -> None:
     exp_id = create_experiment(world.client, world.headers, SINGLE)
     trial = started(world, exp_id)
@@ -509,6 +510,7 @@ def test_a_lost_sbatch_answer_is_adopted_by_comment_not_submitted_twice(world: W
     assert world.trial(exp_id).restarts == 0
 
 
+@pytest.mark.storage  # the lifecycle's guarded writes
 def test_a_restarted_master_adopts_a_job_whose_id_it_never_recorded(world: World) -> None:
     exp_id = create_experiment(world.client, world.headers, SINGLE)
     world.cluster.lose_next_submit_answer()

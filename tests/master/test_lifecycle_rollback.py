@@ -4,6 +4,7 @@ twice (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -14,6 +15,8 @@ from hpc_master.lifecycle import searchers
 from hpc_master.services import lifecycle as svc
 from hpc_master.services.states import TerminationReason
 from tests.master.helpers import context_file, login
+
+pytestmark = pytest.mark.storage  # transactions of the lifecycle
 
 C10 = "00000000-0000-4000-8000-000000000010"  # the checkpoint at step 10
 

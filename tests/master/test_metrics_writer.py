@@ -18,6 +18,8 @@ from hpc_master.services.metrics import MetricReport, ingest_metrics
 
 from .helpers import seed_trial
 
+pytestmark = pytest.mark.storage  # metrics ingest
+
 
 def _reports(first_step: int, n: int) -> list[MetricReport]:
     return [

@@ -122,6 +122,7 @@ def gc_requests(sessions: sessionmaker[Session], exp_id: int) -> int:
 # ---------------------------------------------------------------- the routes, as Determined's
 
 
+@pytest.mark.storage  # claims and registrations under concurrency, listing queries
 def test_create_list_describe_register_list_versions_and_delete(
     client: TestClient, world: dict[str, Any]
 ) -> None:
@@ -414,6 +415,7 @@ def test_deleting_a_model_makes_its_checkpoints_collectible(
         assert s.scalar(select(func.count()).select_from(ModelVersionModel)) == 0
 
 
+@pytest.mark.storage  # claims and registrations under concurrency, listing queries
 def test_a_claim_never_takes_a_registered_checkpoint(
     client: TestClient, sessions: sessionmaker[Session], world: dict[str, Any]
 ) -> None:
@@ -430,6 +432,7 @@ def test_a_claim_never_takes_a_registered_checkpoint(
     assert os.path.isdir(root / five)
 
 
+@pytest.mark.storage  # claims and registrations under concurrency, listing queries
 def test_a_registration_racing_a_claim_keeps_its_checkpoint(
     client: TestClient, sessions: sessionmaker[Session], world: dict[str, Any]
 ) -> None:

@@ -129,6 +129,7 @@ def test_only_the_trials_own_token_hears_of_its_stop(
 # ---------------------------------------------------------------- 7. a password change ends other sessions
 
 
+@pytest.mark.storage  # session revocation queries
 def test_a_password_change_ends_the_users_other_sessions(
     client: TestClient, sessions: sessionmaker[Session]
 ) -> None:

@@ -19,6 +19,8 @@ from hpc_master.services.users import Principal
 
 from .helpers import CONFIG, count
 
+pytestmark = pytest.mark.storage  # the storage functions and migrations
+
 
 @pytest.fixture
 def owner(sessions: sessionmaker[Session]) -> Principal:

@@ -164,6 +164,7 @@ def test_a_refused_job_ends_the_command_with_slurms_words(world: World) -> None:
     assert "Invalid partition" in (ended.exit_status or "")
 
 
+@pytest.mark.storage  # counting and adoption queries
 def test_a_lost_sbatch_answer_is_adopted_by_its_comment_not_submitted_twice(world: World) -> None:
     cmd = world.run(world.admin, "true")
     world.cluster.lose_next_submit_answer()
@@ -257,6 +258,7 @@ def test_bad_input_is_refused_with_the_field_and_stores_nothing(
     assert not (world.config.job_storage_dir() / "tasks").exists()
 
 
+@pytest.mark.storage  # counting and adoption queries
 def test_one_user_has_at_most_so_many_live_tasks(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(task_svc, "MAX_LIVE_TASKS_PER_USER", 2)
     first = world.run(world.admin, "true")

@@ -242,6 +242,7 @@ def test_unknown_and_out_of_bounds_ids(live: Live, path: str, status: int) -> No
 # ---------------------------------------------------------------- what they say, and when
 
 
+@pytest.mark.storage  # the change digests' queries
 def test_experiment_stream_says_what_changed_and_nothing_else(live: Live, listen: Any) -> None:
     exp, trials = live.data["asha"], live.data["asha_trials"]
     stream = listen(live, f"/api/v1/webui/experiments/{exp}/changes", live.login("alice", "alice-pw"))
@@ -288,6 +289,7 @@ def test_experiment_stream_says_what_changed_and_nothing_else(live: Live, listen
     assert stream.quiet(1.0) == []
 
 
+@pytest.mark.storage  # the change digests' queries
 def test_trial_stream(live: Live, listen: Any) -> None:
     trial = live.data["single_trials"][0]
     stream = listen(live, f"/api/v1/webui/trials/{trial}/changes", live.login("alice", "alice-pw"))
@@ -312,6 +314,7 @@ def test_trial_stream(live: Live, listen: Any) -> None:
     assert set(message) == {"trial"}
 
 
+@pytest.mark.storage  # the change digests' queries
 def test_list_stream(live: Live, listen: Any) -> None:
     stream = listen(live, "/api/v1/webui/changes", live.login("bob", "bob-pw"))
     assert set(stream.next(LIVE_S) or {}) == {"experiments", "trials"}
@@ -327,6 +330,7 @@ def test_list_stream(live: Live, listen: Any) -> None:
     assert set(message) == {"trials"}
 
 
+@pytest.mark.storage  # the change digests' queries
 def test_digests_are_the_same_for_every_stream_and_reconnection(live: Live, listen: Any) -> None:
     """A browser compares what it saw before a reconnection with what it sees after."""
     path = f"/api/v1/webui/experiments/{live.data['asha']}/changes"

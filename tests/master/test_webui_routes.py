@@ -138,6 +138,7 @@ def test_auth_matrix(client: TestClient, seeded: dict[str, Any], path: str) -> N
     assert client.get(url, headers=bob).status_code == 200
 
 
+@pytest.mark.storage  # listing and metrics queries
 def test_trials_sample_is_every_trial_downsampled(client: TestClient, seeded: dict[str, Any]) -> None:
     headers = login(client, "alice", "alice-pw")
     exp = seeded["asha"]
@@ -165,6 +166,7 @@ def test_trials_sample_is_every_trial_downsampled(client: TestClient, seeded: di
     assert len(message["trials"]) == 2
 
 
+@pytest.mark.storage  # listing and metrics queries
 def test_metric_names_and_snapshot(client: TestClient, seeded: dict[str, Any]) -> None:
     headers = login(client, "alice", "alice-pw")
     exp = seeded["asha"]
@@ -184,6 +186,7 @@ def test_metric_names_and_snapshot(client: TestClient, seeded: dict[str, Any]) -
     assert len(snap["trials"]) == 6 and all(t["batchesProcessed"] == 2500 for t in snap["trials"])
 
 
+@pytest.mark.storage  # listing and metrics queries
 def test_new_metrics_appear_in_the_next_sample(
     client: TestClient, seeded: dict[str, Any], sessions: sessionmaker[Session]
 ) -> None:
@@ -200,6 +203,7 @@ def test_new_metrics_appear_in_the_next_sample(
     assert data[-1] == {"batches": 99_999, "value": 123.0}
 
 
+@pytest.mark.storage  # listing and metrics queries
 def test_time_series_rungs_and_trials(client: TestClient, seeded: dict[str, Any]) -> None:
     headers = login(client, "alice", "alice-pw")
     trial = seeded["asha_trials"][0]
@@ -221,6 +225,7 @@ def test_time_series_rungs_and_trials(client: TestClient, seeded: dict[str, Any]
     assert trials[0]["currentRun"]["slurmJobId"] and trials[0]["latestValidation"]["stepsCompleted"] == 5000
 
 
+@pytest.mark.storage  # listing and metrics queries
 def test_experiment_list_filters_and_sorts(client: TestClient, seeded: dict[str, Any]) -> None:
     headers = login(client, "alice", "alice-pw")
 

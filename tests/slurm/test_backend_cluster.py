@@ -149,6 +149,7 @@ def test_poller_tracks_five_jobs_with_one_squeue_per_poll(
     assert sum(runner.calls.values()) == before
 
 
+@pytest.mark.exclusive  # an urgent job preempts every batch job on the cluster
 def test_preempted_without_requeue(cli: SlurmCli, researcher: Researcher, shared_dir: Path) -> None:
     victim = submit(cli, researcher, spec(shared_dir, ("sleep", "300"), gpus_per_node=2, gpu_type="a100"))
     poller = Poller(cli, interval_s=1)

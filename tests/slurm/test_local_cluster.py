@@ -79,6 +79,7 @@ echo "CVD=$CUDA_VISIBLE_DEVICES"
     assert "Requested node configuration is not available" in too_many.stderr
 
 
+@pytest.mark.exclusive  # an urgent job preempts every batch job on the cluster
 def test_urgent_partition_preempts_batch_job_with_sigterm_then_requeue(
     researcher: Researcher, shared_dir: Path
 ) -> None:

@@ -17,7 +17,8 @@ from local_cluster import hosts, system
 from local_cluster.spec import LocalClusterSpec, get_state_dir
 from tests.slurm.fixtures import Researcher, up_args
 
-pytestmark = pytest.mark.slurm
+# exclusive: takes the cluster down and brings it back up
+pytestmark = [pytest.mark.slurm, pytest.mark.exclusive]
 DET = [sys.executable, "-m", "hpc_master.cli.main"]
 
 

@@ -27,7 +27,8 @@ from local_cluster import cleanup, system
 from local_cluster.spec import LocalClusterSpec, get_state_dir
 from tests.slurm.fixtures import REPO, Researcher, up_args
 
-pytestmark = pytest.mark.slurm
+# exclusive: takes the cluster down and brings it back up
+pytestmark = [pytest.mark.slurm, pytest.mark.exclusive]
 DET = [sys.executable, "-m", "hpc_master.cli.main"]
 SMALL = ["--no-install", "--nodes", "1", "--gpus-per-node", "1", "--cpus-per-node", "2"]
 

@@ -80,20 +80,31 @@ def _database(kind: str, tmp: Path) -> tuple[str, Any]:
     return make_url(base).set(database=name).render_as_string(hide_password=False), (admin, name)
 
 
-@pytest.fixture(
-    scope="module", params=[pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
-)
-def ui_master(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiMaster]:
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The pages on SQLite; a module marked ``storage`` on PostgreSQL too (what the pages show is the same on
+    both, and the queries under them are tested on both by tests/master)."""
+    if "ui_backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker("storage"):
+        backends = [pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
+        metafunc.parametrize("ui_backend", backends, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def ui_backend(request: pytest.FixtureRequest) -> str:
+    return str(getattr(request, "param", "sqlite"))
+
+
+@pytest.fixture(scope="module")
+def ui_master(ui_backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiMaster]:
     """A master with passwords required (admin, alice, bob) and seeded experiments: alice's ASHA search
     (12 trials), alice's active one-trial experiment, bob's completed one."""
     from hpc_master.api.app import create_app
 
-    tmp = tmp_path_factory.mktemp(f"ui-{request.param}")
+    tmp = tmp_path_factory.mktemp(f"ui-{ui_backend}")
     saved = {k: os.environ.get(k) for k in ("HOME", "DET_MASTER_DATA_DIR", "DET_MASTER_STATE_DIR")}
     os.environ.update(
         HOME=str(tmp / "home"), DET_MASTER_DATA_DIR=str(tmp / "data"), DET_MASTER_STATE_DIR=str(tmp / "state")
     )
-    url, pg = _database(request.param, tmp)
+    url, pg = _database(ui_backend, tmp)
     port = free_port()
     config = parse_master_config(
         {

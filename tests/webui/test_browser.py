@@ -21,7 +21,8 @@ from hpc_master.db.models import ExperimentModel, LogFileModel, SessionModel, Tr
 from hpc_master.services.metrics import MetricReport, ingest_metrics
 from tests.webui.conftest import UiMaster
 
-pytestmark = [pytest.mark.browser]
+# storage: the researcher's pages on PostgreSQL too (the rest of the UI on SQLite only)
+pytestmark = [pytest.mark.browser, pytest.mark.storage]
 LIVE_S = 2.0  # new metrics, state changes and log lines show within this
 SHOTS = os.environ.get("DET_WEBUI_SCREENSHOTS")
 
