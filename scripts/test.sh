@@ -58,7 +58,7 @@ cleanup() {
     [ "$pid" = $$ ] || [ "$(cut -d' ' -f4 "/proc/$pid/stat" 2>/dev/null)" = $$ ] && continue
     comm=$(cat "/proc/$pid/comm" 2>/dev/null) || continue
     case "$comm" in slurmctld|slurmd|slurmdbd|slurmstepd|munged|mariadbd|mysqld|postgres) continue ;; esac
-    if tr '\0' '\n' <"$env" 2>/dev/null | grep -qx "HPC_DET_TEST_SESSION=$HPC_DET_TEST_SESSION"; then
+    if { tr '\0' '\n' <"$env"; } 2>/dev/null | grep -qx "HPC_DET_TEST_SESSION=$HPC_DET_TEST_SESSION"; then
       kill -9 "$pid" 2>/dev/null && echo "test: killed leftover process $pid ($comm)"
     fi
   done

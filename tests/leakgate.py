@@ -42,7 +42,9 @@ _CRASH = re.compile(r"core dumped|Segmentation fault", re.IGNORECASE)
 _CLUSTER_MARKERS = ("slurm",)
 # The local cluster's and PostgreSQL's daemons: a test that takes the cluster down brings them back up, and they
 # are meant to outlive it.
-DAEMONS = frozenset({"slurmctld", "slurmd", "slurmdbd", "slurmstepd", "munged", "mariadbd", "mysqld", "postgres"})
+DAEMONS = frozenset(
+    {"slurmctld", "slurmd", "slurmdbd", "slurmstepd", "munged", "mariadbd", "mysqld", "postgres"}
+)
 # How long a cancelled job or a stopping process may take to go (tests of the gate itself shorten it).
 _SETTLE_S = float(os.environ.get("DET_TEST_LEAK_SETTLE_S", "20"))
 
