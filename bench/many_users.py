@@ -50,7 +50,7 @@ from tests.slurm.fixtures import SHARED_TEST_ROOT
 from tests.slurm.fixtures import Researcher as UnixAccount
 
 PROBED_MASTER = Path(__file__).with_name("_many_users_master.py")
-PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:55432/postgres"
+PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:25432/postgres"
 ACCOUNT = "detbench{:02d}"
 USER = "bench{:02d}"
 LONG_POLLS = re.compile(r"/searcher/operation$|/signals/preemption$|/changes$")

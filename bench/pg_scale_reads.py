@@ -44,7 +44,7 @@ from _pg_scale_http import Master, Read, Timing, reads, time_read  # noqa: E402
 from _pg_scale_report import Row, report  # noqa: E402
 from _pg_scale_sql import Plan, capture_on, capturing, explain, loop_passes, time_pass  # noqa: E402
 
-PROJECT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:55432/hpcdet"
+PROJECT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:25432/hpcdet"
 POINT_BUDGET = 320_000
 """The web UI's budget of curve points (``pointsPerTrial`` in webui/js/pages/experiment.js)."""
 

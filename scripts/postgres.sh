@@ -8,7 +8,7 @@ set -euo pipefail
 
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
 PGDATA_ROOT=${PGDATA_ROOT:-/var/tmp/hpc-det-pg}
-PGPORT=${PGPORT:-55432}
+PGPORT=${PGPORT:-25432}  # below the ephemeral range (32768-60999): no client socket can hold it
 PGDB=${PGDB:-hpcdet}
 PGUSER_NAME=${PGUSER_NAME:-postgres}
 DATA="$PGDATA_ROOT/data"
