@@ -51,11 +51,12 @@ cleanup() {
   [ -n "${old_core_pattern:-}" ] && echo "$old_core_pattern" >/proc/sys/kernel/core_pattern 2>/dev/null
   if [ "${STARTED_CLUSTER:-0}" = 1 ]; then det deploy local down; fi
   if [ "${STARTED_PG:-0}" = 1 ]; then scripts/postgres.sh stop; fi
-  # Test processes that outlived pytest (a killed run): whatever carries this session's id but the cluster's
-  # and PostgreSQL's daemons (tests/leakgate.py's DAEMONS), this script and its children.
+  # Test processes that outlived pytest (this script killed, or pytest): whatever carries this session's id but
+  # the cluster's and PostgreSQL's daemons (tests/leakgate.py's DAEMONS) and this script. (The loop's own short
+  # pipelines carry it too; killing one of them only skips that process.)
   for env in /proc/[0-9]*/environ; do
     pid=${env#/proc/}; pid=${pid%/environ}
-    [ "$pid" = $$ ] || [ "$(cut -d' ' -f4 "/proc/$pid/stat" 2>/dev/null)" = $$ ] && continue
+    [ "$pid" = $$ ] && continue
     comm=$(cat "/proc/$pid/comm" 2>/dev/null) || continue
     case "$comm" in slurmctld|slurmd|slurmdbd|slurmstepd|munged|mariadbd|mysqld|postgres) continue ;; esac
     if { tr '\0' '\n' <"$env"; } 2>/dev/null | grep -qx "HPC_DET_TEST_SESSION=$HPC_DET_TEST_SESSION"; then

@@ -17,8 +17,6 @@ from hpc_master.db.engine import SQLITE_AUTOCHECKPOINT_PAGES, make_engine
 from tests.master.helpers import create_experiment, login
 from tests.master.test_api import bearer, make_trial
 
-pytestmark = pytest.mark.storage  # the database's own maintenance
-
 
 def _wal_frames(path: str) -> int:
     """Frames in the WAL that no checkpoint has copied yet (a read-only look: PASSIVE copies nothing new

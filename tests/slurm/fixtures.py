@@ -52,7 +52,7 @@ def cluster() -> None:
     )
 
 
-@pytest.fixture()
+@pytest.fixture(scope="session")
 def researcher(cluster: None) -> Researcher:
     name = os.environ.get("DET_TEST_USER", "researcher")
     try:
