@@ -30,6 +30,8 @@ from tests.slurm.fixtures import SHARED_TEST_ROOT, Researcher
 
 CONTEXT = Path(__file__).parent / "context"
 TERMINAL = {"STATE_COMPLETED", "STATE_CANCELED", "STATE_ERROR", "STATE_DELETED"}
+# squeue's states of a job that has not ended (`-t all` adds the ended ones Slurm keeps for MinJobAge).
+LIVE = "PENDING,CONFIGURING,RUNNING,COMPLETING,SUSPENDED,REQUEUED,RESIZING,SIGNALING,STAGE_OUT,STOPPED"
 TASK_ROUTES = {
     "COMMAND": "commands",
     "NOTEBOOK": "notebooks",
@@ -122,8 +124,8 @@ poll_interval_s: 1
     def live_job_ids(self) -> list[str]:
         return self.job_ids(live_only=True)
 
-    def slurm_jobs(self, *, states: str = "all") -> list[str]:
-        """The jobs Slurm still knows whose comment names this master (trials' and tasks' alike)."""
+    def slurm_jobs(self, *, states: str = LIVE) -> list[str]:
+        """The jobs of this master (trials' and tasks' alike, by the comment) that have not ended."""
         prefix = f"hpc-det:{self.cluster_id.replace('-', '')[:12]}:"
         out = subprocess.run(
             ["squeue", "-h", "-a", "-t", states, "-o", "%i|%k"], capture_output=True, text=True
@@ -132,8 +134,8 @@ poll_interval_s: 1
             line.split("|", 1)[0] for line in out.splitlines() if line.partition("|")[2].startswith(prefix)
         ]
 
-    def jobs_of(self, exp: int, trial: int | None = None, *, states: str = "all") -> list[str]:
-        """This master's jobs of experiment `exp` (of one trial) that Slurm still knows: by comment, since job
+    def jobs_of(self, exp: int, trial: int | None = None, *, states: str = LIVE) -> list[str]:
+        """This master's jobs of experiment `exp` (of one trial) that have not ended: by comment, since job
         names repeat across the masters that tests run at the same time."""
         mark = f":exp={exp},trial={trial}," if trial is not None else f":exp={exp},"
         prefix = f"hpc-det:{self.cluster_id.replace('-', '')[:12]}"
