@@ -227,7 +227,10 @@ def _touches_cluster(item: pytest.Item) -> bool:
 
 
 def _tag_for(name: str) -> str:
-    return hashlib.sha1(f"{os.environ.get(SESSION_VAR, '')}:{name}".encode()).hexdigest()[:16]
+    """The tag of a test or fixture in this process: xdist workers run the same module fixtures at once, and
+    each must see only its own processes."""
+    key = f"{os.environ.get(SESSION_VAR, '')}:{os.getpid()}:{name}"
+    return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
 @contextlib.contextmanager
