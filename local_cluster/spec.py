@@ -36,7 +36,9 @@ class LocalClusterSpec:
     state_dir: str = DEFAULT_STATE_DIR
     # Accounting (slurmdbd + a private MariaDB on loopback) so that `sacct` knows finished jobs.
     accounting: bool = True
-    accounting_db_port: int = 53306
+    # Below the ephemeral range (32768-60999), so that no client socket can hold it when MariaDB starts (CI saw
+    # 53306 taken right after the fast lane had opened thousands of connections).
+    accounting_db_port: int = 23306
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= 64:
