@@ -61,8 +61,8 @@ def test_image(apptainer: str) -> str:
 
 @pytest.fixture()
 def data_dir(master: Master) -> Path:
-    d = master.root / "dataset"
-    d.mkdir()
+    d = master.root / "dataset"  # the module's master: the tests share it
+    d.mkdir(exist_ok=True)
     (d / "hello.txt").write_text("hello from the host\n")
     d.chmod(0o755)
     return d
