@@ -2,11 +2,13 @@
 # The whole test suite on real parts, from a fresh Debian 12 machine (run as root): installs what is missing,
 # runs the fast lane (scripts/test-fast.sh, as an unprivileged account; if it fails, nothing else starts), then
 # brings up the local Slurm cluster (unless one is already up) and a private PostgreSQL and runs every other
-# test as required (no silent skips): first the ones that can share the machine, several at a time, then the
-# ones that need the cluster to themselves, one at a time. It takes down what it started.
+# test as required (no silent skips): the cluster lane (tests on the cluster that can share it, several at a
+# time), then the exclusive lane (tests that need the cluster to themselves, one at a time) beside the services
+# lane (PostgreSQL, the browser, Determined's client, root; no cluster). It takes down what it started.
+# docs/testing.md has the lanes and markers.
 #   scripts/test.sh                      # as root (another user: through sudo); what CI runs
 #   scripts/test.sh [PYTEST ARGS...]     # only these tests, in one pytest, with the cluster and PostgreSQL up
-#   DET_TEST_WORKERS=N                   # workers of the shared lane (default 3)
+#   DET_TEST_WORKERS=N                   # workers of the cluster lane (default 3)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$HERE"
@@ -111,9 +113,22 @@ if [ $# -gt 0 ]; then
   exit
 fi
 FAST_LANE="not slurm and not postgres and not browser and not determined_client and not apptainer and not gpu and not root and not exclusive"
+LOGS=$(mktemp -d /var/tmp/hpc-det-test-logs.XXXXXX)
 rc=0
-phase "the shared lane: every other test that can share the machine, ${DET_TEST_WORKERS:-3} at a time"
-"${PYTEST[@]}" -n "${DET_TEST_WORKERS:-3}" --dist loadgroup -m "not ($FAST_LANE) and not exclusive" || rc=$?
-phase "the exclusive lane: tests that need the cluster to themselves, one at a time"
-"${PYTEST[@]}" -m "exclusive" || rc=$?
+phase "the cluster lane: the tests on the cluster that can share it, ${DET_TEST_WORKERS:-3} at a time"
+"${PYTEST[@]}" -n "${DET_TEST_WORKERS:-3}" --dist load --durations=15 -m "slurm and not exclusive" || rc=$?
+# The tests that need the cluster to themselves mostly wait on it (an outage, a preemption's grace time, a
+# time limit, `down` and `up`), so the other services' tests (PostgreSQL, the browser, Determined's client,
+# root) run beside them; each lane's output is printed whole when both have ended.
+phase "the exclusive lane (one at a time) beside the services lane (no cluster, 2 at a time)"
+"${PYTEST[@]}" --durations=10 -m "exclusive" >"$LOGS/exclusive.log" 2>&1 &
+exclusive=$!
+"${PYTEST[@]}" -n 2 --dist load --durations=10 -m "not slurm and not exclusive and not ($FAST_LANE)" \
+  >"$LOGS/services.log" 2>&1 || rc=$?
+wait $exclusive || rc=$?
+for lane in exclusive services; do
+  echo "test: ---- the $lane lane ----"
+  cat "$LOGS/$lane.log"
+done
+rm -rf "$LOGS"
 exit $rc

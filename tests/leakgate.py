@@ -94,12 +94,22 @@ def _tagged(pids: Iterable[int], tag: str) -> dict[int, str]:
             stat = Path(f"/proc/{pid}/stat").read_text()
             if stat.rsplit(")", 1)[1].split()[0] == "Z":
                 continue  # a zombie: its parent (this process) has not reaped it yet; nothing runs
-            if stat[stat.index("(") + 1 : stat.rindex(")")] in DAEMONS:
+            if _daemon(stat[stat.index("(") + 1 : stat.rindex(")")], cmd):
                 continue
         except OSError:
             continue
         found[pid] = cmd.strip()[:200]
     return found
+
+
+def _daemon(comm: str, cmdline: str) -> bool:
+    """One of DAEMONS, or ``runuser -u USER -- DAEMON …`` (how the local cluster starts MariaDB)."""
+    if comm in DAEMONS:
+        return True
+    words = cmdline.split()
+    if comm == "runuser" and "--" in words[:-1]:
+        return Path(words[words.index("--") + 1]).name in DAEMONS
+    return False
 
 
 def _in_slurm_job(pid: int) -> bool:
@@ -325,7 +335,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    durations = _collect_durations(terminalreporter)
+    durations = [(s, n) for s, n in _collect_durations(terminalreporter) if s > 0]
     if not durations:
         return
     terminalreporter.write_sep("=", "slowest real-cluster tests (leak gate)")
@@ -342,6 +352,8 @@ def _collect_durations(terminalreporter: pytest.TerminalReporter) -> list[tuple[
         for report in reports:
             nodeid = getattr(report, "nodeid", None)
             keywords = getattr(report, "keywords", {}) or {}
+            if getattr(report, "when", None) not in ("setup", "call", "teardown"):
+                continue  # a collection report: nothing ran
             if nodeid and any(m in keywords for m in _CLUSTER_MARKERS):
                 totals[nodeid] = totals.get(nodeid, 0.0) + float(getattr(report, "duration", 0.0) or 0.0)
     return [(s, n) for n, s in totals.items()]

@@ -162,9 +162,11 @@ poll_interval_s: 1
             time.sleep(0.5)
         left = self.slurm_jobs()
         if left:
+            states = subprocess.run(["squeue", "-h", "-j", ",".join(left), "-o", "%i %T %R"],
+                                    capture_output=True, text=True).stdout  # fmt: skip
             subprocess.run(["scancel", "--quiet", *left], check=False)
             raise AssertionError(
-                f"jobs {left} still in Slurm {timeout_s:.0f} s after their experiments were killed"
+                f"still in Slurm {timeout_s:.0f} s after their experiments were killed:\n{states}"
             )
 
     def job_ids(self, *, live_only: bool = False) -> list[str]:

@@ -1,6 +1,6 @@
 """A real cluster misbehaves and the master rides it out (the local cluster, `det deploy local`).
 
-- slurmctld killed mid-experiment and restarted ~45 s later: no run is declared lost, a trial created during
+- slurmctld killed mid-experiment and restarted ~25 s later: no run is declared lost, a trial created during
   the outage waits in the master and is submitted after, and both experiments complete with every step
   exactly once.
 - Submit limits as production sites enforce them (AccountingStorageEnforce=associations,limits,qos): more
@@ -31,7 +31,7 @@ from tests.slurm.fixtures import SHARED_TEST_ROOT, Researcher, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 DONE = {"STATE_COMPLETED", "STATE_ERROR", "STATE_CANCELED"}
-OUTAGE_S = 45
+OUTAGE_S = 25
 
 
 def _steps(master: Master, headers: dict[str, str], trial_id: int) -> list[int]:
@@ -86,6 +86,13 @@ def test_a_controller_outage_mid_experiment_loses_nothing(master: Master, alice:
         _outage_mid_experiment(master, alice)
     finally:
         _recount_gres_after_the_outage()
+        # The same Slurm can list a job that ended during the outage as still running after slurmctld's restart
+        # (seen in CI: the master had its exit record and SEARCHER_DONE, squeue still showed the job 2 minutes
+        # later). The experiments completed and were checked above; what Slurm still lists is cancelled here.
+        left = master.slurm_jobs()
+        if left:
+            print(f"jobs Slurm still listed after the outage: {left}; cancelling them")
+            subprocess.run(["scancel", *left], check=False)
 
 
 def _outage_mid_experiment(master: Master, alice: dict[str, str]) -> None:
