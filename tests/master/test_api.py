@@ -465,12 +465,16 @@ def test_a_preemption_poll_whose_job_went_away_stops_reading_the_database(
                 f"GET /api/v1/allocations/{trial_id}.1/signals/preemption?timeoutSeconds=30 HTTP/1.1\r\n"
                 f"Host: m\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
             )
-            time.sleep(0.5)
-            assert len(reads) >= 3  # it polls while the job is there
-        time.sleep(0.3)  # the job is gone (its process exited: the connection closed)
-        settled = len(reads)
-        time.sleep(1.0)
-        assert len(reads) == settled
+            deadline = time.monotonic() + 10
+            while len(reads) < 3:  # it polls while the job is there
+                assert time.monotonic() < deadline, f"{len(reads)} reads in 10 s"
+                time.sleep(0.05)
+        # The job is gone (its process exited: the connection closed): the reads stop within a few polls, long
+        # before the poll's 30 s timeout; a poll that went on would read every 0.1 s and never be quiet for 1 s.
+        deadline = time.monotonic() + 10
+        while not reads or time.monotonic() - reads[-1] < 1.0:
+            assert time.monotonic() < deadline, "the poll went on reading after its connection closed"
+            time.sleep(0.05)
     finally:
         server.should_exit = True
         thread.join(10)
