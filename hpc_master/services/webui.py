@@ -25,6 +25,7 @@ from hpc_master.services.curves import numeric_metrics
 from hpc_master.services.downsample import MinMaxCurve
 from hpc_master.services.experiments import normalise_states, searcher_metric
 from hpc_master.services.states import LIVE_RUN_STATES
+from searcher.base import WORST_METRIC
 
 EXPERIMENT_SORTS: dict[str, Any] = {
     "id": ExperimentModel.id,
@@ -211,20 +212,24 @@ def searcher_rungs(session: Session, experiment: ExperimentModel) -> dict[str, A
         )
     )
     lengths = _rung_lengths(experiment.config, len(states))
+    # The searcher keeps every metric signed so that smaller is better (searcher.base): the user reported, and
+    # sees, the metric in its own direction.
+    sign = 1.0 if (searcher.get("smaller_is_better", True) if isinstance(searcher, dict) else True) else -1.0
     for b, state in enumerate(states):
         awaiting = set(state.get("awaiting") or [])
         at_rung = {str(rid): int(r) for rid, r in state.get("trial_rung") or []}
         rungs = []
         for r, entries in enumerate(state["rungs"]):
             rows = []
-            for rid, metric, promoted in entries:
+            # Best first, in the metric's own direction (the signed value ascending); no value last.
+            for rid, signed, promoted in sorted(entries, key=lambda e: _rank(e[1])):
                 trial = trials.get(str(rid))
                 status = _rung_status(trial, bool(promoted), at_rung.get(str(rid), r) > r)
                 rows.append(
                     {
                         "trialId": trial.id if trial else None,
                         "requestId": str(rid),
-                        "metric": metric if metric == metric and abs(metric) != float("inf") else None,
+                        "metric": sign * signed if _reported(signed) else None,
                         "status": status,
                         "resumed": bool(trial and trial.id in resumed),
                         "state": f"STATE_{trial.state}" if trial else None,
@@ -245,6 +250,15 @@ def searcher_rungs(session: Session, experiment: ExperimentModel) -> dict[str, A
             )
         out["brackets"].append({"index": b, "rungs": rungs})
     return out
+
+
+def _reported(signed: Any) -> bool:
+    """A metric the trial reported: not NaN, not the searcher's stand-in for "no value" (±inf, float max)."""
+    return isinstance(signed, int | float) and signed == signed and abs(signed) < WORST_METRIC
+
+
+def _rank(signed: Any) -> tuple[int, float]:
+    return (0, float(signed)) if _reported(signed) else (1, 0.0)
 
 
 def _rung_status(trial: TrialModel | None, promoted: bool, moved_on: bool) -> str:

@@ -19,7 +19,7 @@ from slurm_backend.cli import SlurmCli
 from slurm_backend.cluster_view import CachedClusterView
 from tests.master.helpers import login
 from tests.unit.test_cluster_view import CountingRunner
-from tests.webui.seed import seed_experiment, seed_user
+from tests.webui.seed import seed_experiment, seed_searched_experiment, seed_user
 
 
 @pytest.fixture
@@ -223,6 +223,29 @@ def test_time_series_rungs_and_trials(client: TestClient, seeded: dict[str, Any]
         "trials"
     ]
     assert trials[0]["currentRun"]["slurmJobId"] and trials[0]["latestValidation"]["stepsCompleted"] == 5000
+
+
+@pytest.mark.parametrize("smaller_is_better", [False, True], ids=["accuracy", "loss"])
+def test_rungs_show_the_metric_as_reported_best_first(
+    client: TestClient, sessions: sessionmaker[Session], smaller_is_better: bool
+) -> None:
+    """The searcher keeps metrics signed (smaller is better); the rungs show them as the trials reported them,
+    the best first in the metric's own direction, and the search's promotions agree with that order."""
+    values = [0.9611, 0.9694, 0.8, 0.9]
+    with transaction(sessions) as s:
+        alice = seed_user(s, "alice", "alice-pw")
+        exp, ids = seed_searched_experiment(
+            s, alice, name="searched", metric="validation_accuracy" if not smaller_is_better else "loss",
+            smaller_is_better=smaller_is_better, values=values,
+        )  # fmt: skip
+    r = client.get(f"/api/v1/webui/experiments/{exp}/rungs", headers=login(client, "alice", "alice-pw"))
+    assert r.status_code == 200, r.text
+    rung = r.json()["brackets"][0]["rungs"][0]["trials"]
+    best_first = sorted(values, reverse=not smaller_is_better)
+    assert [t["metric"] for t in rung] == best_first
+    by_value = dict(zip(values, ids, strict=True))
+    assert [t["trialId"] for t in rung] == [by_value[v] for v in best_first]
+    assert rung[0]["status"] == "promoted"  # the searcher promoted the one shown best
 
 
 @pytest.mark.storage  # listing and metrics queries

@@ -28,7 +28,7 @@ from slurm_backend.cli import SlurmCli
 from slurm_backend.cluster_view import CachedClusterView
 from tests.conftest import require
 from tests.unit.test_cluster_view import CountingRunner
-from tests.webui.seed import seed_experiment, seed_user
+from tests.webui.seed import seed_experiment, seed_searched_experiment, seed_user
 
 CHROMIUM = os.environ.get("DET_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
@@ -132,6 +132,11 @@ def ui_master(ui_backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
             s, alice, name="digits-single", trials=1, points=200, state="ACTIVE"
         )
         data["bob"], data["bob_trials"] = seed_experiment(s, bob, name="bobs-run", trials=3, points=100)
+        # An ASHA search on a larger-is-better metric, its snapshot the real searcher's.
+        data["accuracy"], data["accuracy_trials"] = seed_searched_experiment(
+            s, alice, name="rungs-accuracy", metric="validation_accuracy", smaller_is_better=False,
+            values=[0.9611, 0.9694, 0.8, 0.9],
+        )  # fmt: skip
     server, thread = serve(app, port)
     try:
         yield UiMaster(url=f"http://127.0.0.1:{port}", engine=engine, data=data, app=app)

@@ -210,3 +210,46 @@ def _asha_snapshot(session: Session, experiment: ExperimentModel, ids: list[int]
         },
     }
     promoted[0].state = "ACTIVE"
+
+
+def seed_searched_experiment(
+    session: Session, owner_id: int, *, name: str, metric: str, smaller_is_better: bool, values: list[float]
+) -> tuple[int, list[int]]:
+    """An ASHA search (2 rungs of 100 and 200 batches) whose stored snapshot is the real searcher's: one trial
+    per value, each reporting it at the first rung, in the order given. The searcher keeps metrics signed so
+    that smaller is better, as it does in the master."""
+    from searcher import Create, make_search_method
+
+    searcher_cfg: dict[str, Any] = {
+        "name": "async_halving", "metric": metric, "smaller_is_better": smaller_is_better,
+        "max_trials": len(values), "max_concurrent_trials": len(values), "num_rungs": 2, "divisor": 2,
+        "max_length": {"batches": 200},
+    }  # fmt: skip
+    hyperparameters = {"lr": {"type": "double", "minval": 0.001, "maxval": 0.1}}
+    config = {"name": name, "entrypoint": "python3 train.py", "searcher": searcher_cfg,
+              "hyperparameters": hyperparameters, "resources": {"slots_per_trial": 1}}  # fmt: skip
+    experiment = ExperimentModel(
+        owner_id=owner_id, name=name, state="ACTIVE", config=config, progress=0.3,
+        config_text=yaml.safe_dump(config, sort_keys=False), start_time=utcnow() - dt.timedelta(hours=1),
+    )  # fmt: skip
+    session.add(experiment)
+    session.flush()
+    method = make_search_method(searcher_cfg, hyperparameters, seed=7)
+    creates = [a for a in method.initial_actions() if isinstance(a, Create)]
+    assert len(creates) == len(values)
+    ids = []
+    for create in creates:
+        trial = TrialModel(experiment_id=experiment.id, request_id=create.request_id, hparams=create.hparams,
+                           state="ACTIVE", steps_completed=0)  # fmt: skip
+        session.add(trial)
+        session.flush()
+        method.on_trial_created(create.request_id, trial.id)
+        ids.append(trial.id)
+    for trial_id, value in zip(ids, values, strict=True):
+        method.on_validation_completed(trial_id, value, 100)
+        trial = session.get(TrialModel, trial_id)
+        assert trial is not None
+        trial.steps_completed, trial.searcher_metric, trial.best_validation = 100, value, value
+    experiment.searcher_snapshot = {"format": 1, "method": method.snapshot(), "closed": [], "shutDown": False}
+    session.flush()
+    return experiment.id, ids

@@ -91,6 +91,28 @@ def test_researcher_pages(ui_master: UiMaster, page_factory: Any) -> None:
     ui.assert_clean()
 
 
+def test_the_search_tab_shows_rung_metrics_as_reported_best_first(
+    ui_master: UiMaster, page_factory: Any
+) -> None:
+    """An ASHA search on validation_accuracy (larger is better): the rungs show each trial's accuracy as it
+    reported it (not the searcher's signed value), the highest first."""
+    ui = page_factory()
+    p = ui.page
+    ui.login("alice", "alice-pw")
+    p.goto(f"/experiments/{ui_master.data['accuracy']}")
+    p.click("a[data-tab=search]")
+    p.wait_for_selector("#rungs .rung[data-rung='0'] tbody tr")
+    cells = p.locator("#rungs .rung[data-rung='0'] tbody tr td.num").all_inner_texts()
+    assert cells == ["0.9694", "0.9611", "0.9000", "0.8000"] or [float(c) for c in cells] == [
+        0.9694,
+        0.9611,
+        0.9,
+        0.8,
+    ], cells
+    assert "−" not in p.inner_text("#rungs") and "-0." not in p.inner_text("#rungs")
+    ui.assert_clean()
+
+
 def test_actions_live_state_and_permissions(ui_master: UiMaster, page_factory: Any) -> None:
     """Pause and activate from the UI (state shown live); another non-admin user's buttons are disabled and
     the API refuses them; logging out, and an expired session, return to the login page."""
