@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc_master import paths
+from hpc_master import owner_key, paths
 from hpc_master.errors import ClientError, DetError
 from hpc_master.masterconf import MasterConfig, load_master_config
 
@@ -93,7 +93,21 @@ DAEMON_READY_TIMEOUT_S = 300.0
 """How long ``--daemon`` waits for the master to serve before it returns."""
 
 
-def start_daemon(argv: list[str]) -> int:
+def login_link(config: MasterConfig) -> str | None:
+    """A personal master's web UI address that logs its owner in: the owner's key (``hpc_master.owner_key``)
+    in the URL's fragment, which the browser keeps to itself and the login page sends once. None for a master
+    that requires passwords. Printed to the owner's terminal only, never logged: it is a secret."""
+    if config.passwords_required():
+        return None
+    key = owner_key.read(config.listen.port)
+    if key is None:
+        return None
+    host = f"[{config.listen.host}]" if ":" in config.listen.host else config.listen.host
+    scheme = "https" if config.tls.cert else "http"
+    return f"{scheme}://{host}:{config.listen.port}/login#key={key}"
+
+
+def start_daemon(argv: list[str], config: MasterConfig) -> int:
     existing = read_pid()
     if existing is not None:
         print(f"a background master is already running (pid {existing})", file=sys.stderr)
@@ -131,6 +145,11 @@ def start_daemon(argv: list[str]) -> int:
         )
         return 0
     print(f"master running in the background (pid {proc.pid}); log: {log_file}")
+    link = login_link(config)
+    if link:
+        print(
+            f"Web UI: {link}\n  (this link logs you in as determined until the master restarts; keep it to yourself)"
+        )
     return 0
 
 
@@ -171,6 +190,9 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
     sd_notify("STATUS=starting: migrating the database")
     app = create_app(config)
     state = app.state.det
+    link = login_link(config)  # the owner key was written by create_app
+    if link and sys.stderr.isatty():
+        print(f"Web UI: {link}  (logs you in as determined until the master restarts)", file=sys.stderr)
     server = NotifyingServer(
         uvicorn.Config(
             app,
@@ -284,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = resolve_config(args)
         if args.daemon:
-            return start_daemon(argv)
+            return start_daemon(argv, config)
         if config.passwords_required() and config.listens_beyond_loopback():
             log.info("listening beyond loopback (%s): passwords are required", config.listen.host)
         serve(config, args.log_level)

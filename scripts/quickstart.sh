@@ -146,6 +146,9 @@ Best trial $TRIAL: validation_accuracy $ACC after $STEPS batches.
 Its checkpoint: $UUID
   in $STATE/checkpoints/$UUID
 
+The web UI: $URL/
+  log in as $USER_NAME, with the password in $STATE/$USER_NAME.password (admin: $STATE/admin.password)
+
 Try next, as the researcher (already logged in; the master and the cluster stay up):
   su - $USER_NAME
   export PATH=$VENV/bin:\$PATH DET_MASTER=$URL

@@ -39,6 +39,15 @@ def test_daemon_start_and_stop(tmp_path: Path) -> None:
     try:
         info = wait_up(f"http://127.0.0.1:{port}/api/v1/master")
         assert info["clusterName"] == "hpc-det"
+        # A personal master prints its web UI's login link: the owner key, which logs in as determined.
+        (link,) = [line.split("Web UI: ", 1)[1] for line in started.stdout.splitlines() if "Web UI: " in line]
+        assert link.startswith(f"http://127.0.0.1:{port}/login#key=")
+        key = link.split("#key=", 1)[1]
+        assert key not in (tmp_path / "state" / "master.log").read_text()  # a secret is never logged
+        body = {"username": "determined", "password": "", "ownerKey": key}
+        assert httpx.post(f"http://127.0.0.1:{port}/api/v1/auth/login", json=body).status_code == 200
+        body["ownerKey"] = key[:-1] + ("a" if key[-1] != "a" else "b")
+        assert httpx.post(f"http://127.0.0.1:{port}/api/v1/auth/login", json=body).status_code == 401
         assert (tmp_path / "state" / "master.pid").exists()
         assert (tmp_path / "data" / "master.db").exists()
         # A job's calls are often more than uvicorn's default 5 s apart: the master keeps them alive longer.
@@ -82,3 +91,14 @@ def test_the_open_files_limit_is_raised_to_the_hard_limit() -> None:
     before, returned, after, hard = (int(x) for x in out.stdout.split())
     assert before == 256 and hard > 256
     assert returned == after == hard
+
+
+def test_only_a_personal_master_has_a_login_link(tmp_path: Path) -> None:
+    from hpc_master.masterconf import parse_master_config
+    from hpc_master.server import login_link
+
+    db = {"url": f"sqlite:///{tmp_path / 'm.db'}"}
+    shared = parse_master_config({"db": db, "security": {"require_passwords": True}}, env={})
+    assert login_link(shared) is None
+    personal = parse_master_config({"db": db, "listen": {"port": free_port()}}, env={})
+    assert login_link(personal) is None  # no key written yet: the master writes one when it starts

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from local_cluster import cleanup, system
@@ -204,6 +205,11 @@ def test_quickstart_finds_its_master_and_experiments_after_down_and_up(scratch: 
     try:
         first = run(quickstart, scratch.env, timeout_s=400)
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+        # It ends by saying where the web UI is and how to log in, and that page answers.
+        url = f"http://{LocalClusterSpec().controller_ip}:{scratch.env['DET_QUICKSTART_PORT']}"
+        assert f"The web UI: {url}/" in first.stdout, first.stdout[-2000:]
+        assert f"log in as {name}, with the password in {state / f'{name}.password'}" in first.stdout
+        assert "<title>" in httpx.get(f"{url}/login", timeout=10).text
         exp1 = _experiment_id(first.stdout)
         best1 = _best_checkpoint(first.stdout)
 
@@ -227,7 +233,6 @@ def test_quickstart_finds_its_master_and_experiments_after_down_and_up(scratch: 
         assert "already exists: reusing it" in second.stdout  # the master user, from the surviving database
         assert _experiment_id(second.stdout) > exp1
 
-        url = f"http://{LocalClusterSpec().controller_ip}:{scratch.env['DET_QUICKSTART_PORT']}"
         as_researcher = {
             "DET_MASTER": url,
             "DET_USER": name,

@@ -6,12 +6,11 @@ export function render(root, _params, { navigate, onLogin }) {
   const username = h("input", { name: "username", autocomplete: "username", required: true, autofocus: true });
   const password = h("input", { name: "password", type: "password", autocomplete: "current-password" });
   const submit = h("button", { class: "primary", type: "submit" }, "Log in");
-  const form = h("form", { onsubmit: async (ev) => {
-    ev.preventDefault();
+  const logIn = async (body) => {
     error.textContent = "";
     submit.disabled = true;
     try {
-      await api("/auth/login", { method: "POST", params: { cookie: "true" }, body: { username: username.value, password: password.value } });
+      await api("/auth/login", { method: "POST", params: { cookie: "true" }, body });
       onLogin(await api("/webui/session"));
       const next = new URLSearchParams(location.search).get("next");
       const local = next && next.startsWith("/") && !next.startsWith("//") ? next : "/experiments";
@@ -25,12 +24,24 @@ export function render(root, _params, { navigate, onLogin }) {
     } finally {
       submit.disabled = false;
     }
+  };
+  const form = h("form", { onsubmit: (ev) => {
+    ev.preventDefault();
+    logIn({ username: username.value, password: password.value });
   } },
     h("h1", {}, "Log in to hpc-det"),
     h("label", {}, "User", username),
     h("label", {}, "Password", password),
     submit, error,
-    h("p", { class: "note" }, "A personal master's users without a password log in from the CLI only (it sends the owner's key). ",
-      "To use the browser, give yourself a password: ", h("code", {}, "det user change-password")));
+    h("p", { class: "note" }, "A personal master's users without a password log in from the CLI (it sends the owner's key), ",
+      "or here through the login link the master prints when it starts. Or give yourself a password: ",
+      h("code", {}, "det user change-password")));
   root.append(h("div", { class: "login panel" }, form));
+  // A personal master's login link (/login#key=…, printed by det-master at start): its owner's key logs in as
+  // `determined`, as the CLI does. The key leaves the address bar and the history at once.
+  const key = new URLSearchParams(location.hash.slice(1)).get("key");
+  if (key) {
+    history.replaceState(history.state, "", location.pathname + location.search);
+    logIn({ username: "determined", password: "", ownerKey: key });
+  }
 }
