@@ -116,9 +116,11 @@ class ResourcePoolConfig(StrictModel):
     """The pool's own container settings: each key it sets overrides the top-level ``container``'s."""
     priority_nice_step: int = Field(default=10, ge=0, le=20_000_000)
     """How an experiment's ``resources.priority`` (Determined's 1 highest … 99 lowest, default 42) reaches
-    Slurm: each job gets ``--nice=(priority - 1) * priority_nice_step``, so priority 1 adds nothing and each step
-    down lowers the job's Slurm priority by this much (``det e set priority`` re-nices pending jobs). Size it
-    against the cluster's ``PriorityWeight*`` factors; 0: priorities are not passed to Slurm. (docs/priority.md)"""
+    Slurm: a job at the default priority competes as a plain ``sbatch`` does (nice 0), and each step below it
+    lowers the job's Slurm priority by this much: ``--nice=(priority - 42) * priority_nice_step``. A priority
+    above 42 also gets nice 0 (raising a job needs an operator). ``det e set priority`` re-nices pending jobs.
+    Size it against the cluster's ``PriorityWeight*`` factors; 0: priorities are not passed to Slurm.
+    (docs/priority.md)"""
 
     @field_validator("partition", "account", "qos")
     @classmethod

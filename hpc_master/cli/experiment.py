@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from hpc_master import priority
 from hpc_master.cli import _follow, experiment_definition, experiment_set
 from hpc_master.cli._client import UPLOAD_CHUNK_BYTES, Session, session_from_args
 from hpc_master.cli._context import check_size, human_size, plan_context, read_context, warn_skipped
@@ -299,6 +300,7 @@ def _describe(args: argparse.Namespace) -> int:
                 ("Archived", e.get("archived")),
                 ("Searcher", f"{e.get('searcherType')} ({e.get('searcherMetric')})"),
                 ("Resource pool", e.get("resourcePool")),
+                ("Priority", priority.describe(_resources(e).get("priority"))),
                 ("Start time", e.get("startTime")),
                 ("End time", e.get("endTime")),
                 ("Trials", body.get("trialCounts") or len(trials)),
@@ -316,6 +318,12 @@ def _describe(args: argparse.Namespace) -> int:
         for trial_id, text in waiting:
             print(f"  trial {trial_id}: {text}")
     return 0
+
+
+def _resources(e: dict[str, Any]) -> dict[str, Any]:
+    config = e.get("config")
+    resources = config.get("resources") if isinstance(config, dict) else None
+    return resources if isinstance(resources, dict) else {}
 
 
 def storage_text(e: dict[str, Any]) -> str:

@@ -268,6 +268,10 @@ def test_config_overrides(det: Det, make_user: MakeUser, tmp_path: Path) -> None
     assert experiment["config"]["slurm"]["partition"] == "short"
     assert experiment["name"] == "overridden"
     assert experiment["state"] == "STATE_PAUSED"
+    text = det("e", "describe", str(experiment_id), env=who).out
+    assert "Priority" in text and "42 (Slurm: its jobs compete as plain sbatch jobs do, nice 0)" in text
+    higher = create(det, who, cfg, ctx, "--config", "resources.priority=5", "--paused")
+    assert "needs a Slurm operator's rights" in det("e", "describe", str(higher), env=who).out
 
     r = det("e", "create", str(cfg), str(ctx), "--config", "searcher.max_trails=5", env=who)
     assert r.rc == 2

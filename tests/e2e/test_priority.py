@@ -4,6 +4,8 @@
   it ends, the higher-priority one's jobs (``--nice`` from the priority) all start, though submitted after
   the other's, and two of the other's wait; ``PATCH`` of the priority (``det e set priority``) re-nices the
   pending jobs in Slurm.
+- A job at the default priority competes as a plain ``sbatch`` does: it starts in its place in the queue,
+  before another account's jobs submitted after it.
 - ``max_slots: 1`` runs a 3-trial grid one job at a time: Slurm's own start and end times never overlap.
 """
 
@@ -16,7 +18,7 @@ import subprocess
 import pytest
 
 from tests.e2e.conftest import Master
-from tests.slurm.fixtures import wait_for
+from tests.slurm.fixtures import Researcher, wait_for
 
 # exclusive: measures the order in which jobs start, which other jobs would change
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.exclusive]
@@ -79,14 +81,14 @@ def test_the_higher_priority_experiment_starts_first_and_set_priority_renices(
         )
         seen = _squeue(low_jobs + high_jobs)
         assert {j: n for j, (_, n) in seen.items()} == {
-            **dict.fromkeys(low_jobs, 590),
-            **dict.fromkeys(high_jobs, 40),
+            **dict.fromkeys(low_jobs, 180),  # (60 - 42) x 10
+            **dict.fromkeys(high_jobs, 0),  # above the default: as a plain sbatch
         }
         assert max(map(int, low_jobs)) < min(map(int, high_jobs))  # low's were submitted first
 
         master.api("PATCH", f"/experiments/{low}", alice, json={"resources": {"priority": 70}})
         wait_for(
-            lambda: all(n == 690 for _, n in _squeue(low_jobs).values()), 30, "low's pending jobs re-niced"
+            lambda: all(n == 280 for _, n in _squeue(low_jobs).values()), 30, "low's pending jobs re-niced"
         )
         config = master.experiment(alice, low)["config"]
         assert config["resources"]["priority"] == 70
@@ -105,7 +107,51 @@ def test_the_higher_priority_experiment_starts_first_and_set_priority_renices(
         assert master.wait_state(alice, exp, DONE, 180) == "STATE_COMPLETED", master.diagnose(exp)
     starts = _sacct_times(low_jobs + high_jobs)
     assert max(starts[j][0] for j in high_jobs) <= sorted(starts[j][0] for j in low_jobs)[1]
-    print(f"priority 5 vs 60: {len(high_jobs)} of {len(high_jobs)} started first; low re-niced 590 -> 690")
+    print(f"priority 5 vs 60: {len(high_jobs)} of {len(high_jobs)} started first; low re-niced 180 -> 280")
+
+
+SINGLE = """
+name: e2e-priority-default
+entrypoint: python3 train.py
+hyperparameters: {increment_by: 1, sleep_s: 0.3}
+searcher: {name: single, metric: validation_loss, max_length: {batches: 20}}
+resources: {slots_per_trial: 1}
+max_restarts: 0
+"""
+
+
+def test_a_job_at_the_default_priority_competes_like_a_plain_sbatch(
+    master: Master, alice: dict[str, str], other_researcher: Researcher
+) -> None:
+    """Another account queues 1-GPU jobs before and after our trial's job while a blocker holds every GPU:
+    when the GPUs free up, the four jobs first in the queue start, ours among them (nice 0), before the other
+    account's jobs submitted after it. (At nice 410, the former default, ours started last.)"""
+    argv = ["sbatch", "--parsable", "-N", "2", "--gres=gpu:2", "-p", "batch", "-o", "/dev/null",
+            "--wrap", "sleep 300"]  # fmt: skip
+    blocker = master.researcher.run(argv).stdout.strip().split(";")[0]
+    plain = ["sbatch", "--parsable", "--gres=gpu:1", "-p", "batch", "-t", "2", "-o", "/dev/null",
+             "--wrap", "sleep 20"]  # fmt: skip
+    try:
+        wait_for(lambda: _squeue([blocker])[blocker][0] == "RUNNING", 60, "the blocker to run")
+        before = other_researcher.run(plain).stdout.strip().split(";")[0]
+        exp = master.create_experiment(alice, SINGLE)
+        (ours,) = wait_for(lambda: _jobs(master, alice, exp), 90, "our trial's job")
+        after = [other_researcher.run(plain).stdout.strip().split(";")[0] for _ in range(4)]
+        queued = _squeue([before, ours, *after])
+        assert queued[ours] == ("PENDING", 0), queued  # as a plain sbatch of its user
+    finally:
+        subprocess.run(["scancel", blocker], check=False)
+
+    def four_running() -> dict[str, str] | None:
+        states = {j: st for j, (st, _) in _squeue([before, ours, *after]).items()}
+        return states if sum(st == "RUNNING" for st in states.values()) >= 4 else None
+
+    states = wait_for(four_running, 60, "four jobs running")
+    assert states[before] == "RUNNING" and states[ours] == "RUNNING", states
+    assert [states[j] for j in after] == ["RUNNING", "RUNNING", "PENDING", "PENDING"], states
+    assert master.wait_state(alice, exp, DONE, 180) == "STATE_COMPLETED", master.diagnose(exp)
+    subprocess.run(["scancel", *after], check=False)
+    print(f"default priority: our job {ours} started in its place, before {after[2:]} submitted after it")
 
 
 def _sacct_times(job_ids: list[str]) -> dict[str, tuple[dt.datetime, dt.datetime]]:

@@ -64,7 +64,7 @@ def test_priority_orders_pending_jobs_and_set_priority_renices_them(world: World
                              + "resources: {priority: 5}\n")  # fmt: skip
     world.tick(times=2)
     low_jobs, high_jobs = _jobs(world, low), _jobs(world, high)
-    assert [world.cluster.job(j).nice for j in low_jobs + high_jobs] == [490, 490, 40, 40]
+    assert [world.cluster.job(j).nice for j in low_jobs + high_jobs] == [80, 80, 0, 0]
 
     world.cluster.slots = 2
     assert world.cluster.schedule() == high_jobs  # submitted later, started first

@@ -64,6 +64,36 @@ def researcher(cluster: None) -> Researcher:
     return Researcher(name, pw.pw_uid, pw.pw_gid)
 
 
+OTHER_RESEARCHER = "dettestother"
+
+
+@pytest.fixture(scope="session")
+def other_researcher(researcher: Researcher) -> Iterator[Researcher]:
+    """A second researcher's Unix account with its own Slurm association (account `research`, as `det deploy
+    local up --create-user` gives), for tests of one user against another; removed afterwards."""
+    from local_cluster.accounting import LOCAL_ACCOUNT
+
+    created = False
+    try:
+        pwd.getpwnam(OTHER_RESEARCHER)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/bash", OTHER_RESEARCHER],
+                       check=True, timeout=60)  # fmt: skip
+        created = True
+    add = subprocess.run(["sacctmgr", "-i", "add", "user", OTHER_RESEARCHER, f"Account={LOCAL_ACCOUNT}"],
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert add.returncode == 0 or "Nothing new added" in add.stdout + add.stderr, add.stdout + add.stderr
+    pw = pwd.getpwnam(OTHER_RESEARCHER)
+    try:
+        yield Researcher(OTHER_RESEARCHER, pw.pw_uid, pw.pw_gid)
+    finally:
+        subprocess.run(["scancel", "-u", OTHER_RESEARCHER], capture_output=True, check=False, timeout=60)
+        subprocess.run(["sacctmgr", "-i", "delete", "user", f"name={OTHER_RESEARCHER}"],
+                       capture_output=True, check=False, timeout=60)  # fmt: skip
+        if created:
+            subprocess.run(["userdel", OTHER_RESEARCHER], capture_output=True, check=False, timeout=60)
+
+
 @pytest.fixture()
 def shared_dir(researcher: Researcher) -> Iterator[Path]:
     """A directory on the 'shared filesystem' that the researcher owns, removed afterwards."""

@@ -250,14 +250,24 @@ def test_write_run_dir(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("priority", "step", "line"),
-    [(None, 10, "#SBATCH --nice=410"), (1, 10, "#SBATCH --nice=0"), (99, 10, "#SBATCH --nice=980"),
-     (7, 1000, "#SBATCH --nice=6000"), (7, 0, None)],
+    [(None, 10, "#SBATCH --nice=0"), (42, 10, "#SBATCH --nice=0"), (1, 10, "#SBATCH --nice=0"),
+     (43, 10, "#SBATCH --nice=10"), (99, 10, "#SBATCH --nice=570"), (50, 1000, "#SBATCH --nice=8000"),
+     (7, 0, None)],
 )  # fmt: skip
 def test_priority_becomes_nice(priority: int | None, step: int, line: str | None) -> None:
-    """Determined's priority (1 highest … 99 lowest, 42 unset) as Slurm's --nice, never negative."""
+    """Determined's priority (1 highest … 99 lowest, 42 unset) as Slurm's --nice: the default competes as a
+    plain sbatch does (0), each step below adds `step`, and nothing goes below 0 (that needs an operator)."""
     import dataclasses
 
     resources = {"slots_per_trial": 1} | ({"priority": priority} if priority is not None else {})
     plan = build(config(resources=resources), dataclasses.replace(GPU_POOL, priority_nice_step=step))
     nice_lines = [x for x in plan.script.splitlines() if x.startswith("#SBATCH --nice")]
     assert nice_lines == ([line] if line else [])
+
+
+def test_describe_says_what_a_priority_does_on_slurm() -> None:
+    from hpc_master.priority import describe
+
+    assert describe(None) == describe(42) and "compete as plain sbatch jobs do, nice 0" in describe(None)
+    assert "below plain sbatch jobs" in describe(60)
+    assert "as 42, nice 0" in describe(5) and "operator" in describe(5)
