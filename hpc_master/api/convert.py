@@ -52,6 +52,18 @@ def user_to_api(user: UserModel) -> dict[str, Any]:
     }
 
 
+def unsaved_experiment() -> dict[str, Any]:
+    """Determined's answer to a validate-only create (``det e create --test`` checks the config first): an
+    experiment with every field at its zero value, which Determined's client reads without error."""
+    return {
+        "id": 0, "name": "", "description": "", "labels": [], "state": "STATE_UNSPECIFIED", "archived": False,
+        "startTime": "1970-01-01T00:00:00Z", "numTrials": 0, "trialIds": [], "username": "", "userId": 0,
+        "resourcePool": "", "searcherType": "", "searcherMetric": "", "config": {}, "originalConfig": "",
+        "projectId": 0, "projectOwnerId": 0, "workspaceId": 0, "jobId": "", "notes": "", "progress": 0,
+        "parentArchived": False,
+    }  # fmt: skip
+
+
 def experiment_to_api(
     experiment: ExperimentModel,
     username: str,

@@ -219,6 +219,10 @@ def _forward_headers(headers: Any, token: str, host: str) -> list[tuple[str, str
     if cookies:
         out.append(("cookie", "; ".join(cookies)))
     out += [("authorization", f"token {token}"), ("host", host)]
+    if not any(k.lower() == "accept-encoding" for k, _ in out):
+        # The client asked for no encoding: without this, httpx would ask the server for gzip on its behalf and
+        # the client would get a compressed body it cannot read.
+        out.append(("accept-encoding", "identity"))
     return out
 
 
@@ -241,6 +245,15 @@ def _html(text: str) -> str:
     import html
 
     return html.escape(text)
+
+
+@router.get("/det/interactive/{task_id}/{rest:path}")
+def determined_interactive(task_id: str) -> Response:
+    """Determined's address of a notebook or TensorBoard (what its ``det notebook open`` and ``det tensorboard
+    open`` open, under ``PUBLIC_URL`` /det): the task's page here is the proxy's, which checks who asks."""
+    if not _valid_id(task_id):
+        return JSONResponse({"code": "not_found", "message": f"no task {task_id[:64]!r}"}, status_code=404)
+    return Response(status_code=303, headers={"location": f"/proxy/{task_id}/"})
 
 
 @router.api_route("/proxy/{task_id}/{path:path}", methods=METHODS)

@@ -14,10 +14,10 @@ from hpc_master.api.bounds import Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.schemas import CreateExperimentRequest
 from hpc_master.db.models import ExperimentModel, TrialModel, utcnow
-from hpc_master.errors import ConflictError
+from hpc_master.errors import ClientError, ConflictError
 from hpc_master.services import checkpoint_gc as gc
 from hpc_master.services import experiments as exps
-from hpc_master.services import models_registry, notify
+from hpc_master.services import models_registry, notify, workspaces
 from hpc_master.services.checkpoint_usage import StorageTotals, experiment_totals, trial_totals_of_experiment
 from hpc_master.services.common import get_or_404
 from hpc_master.services.lifecycle import set_experiment_state
@@ -50,6 +50,15 @@ def _trial_ids_of(session: Session, experiment_ids: list[int]) -> dict[int, list
 def create_experiment(
     body: CreateExperimentRequest, principal: UserPrincipal, state: State
 ) -> dict[str, Any]:
+    if body.template:
+        raise ClientError(
+            "this master has no config templates: put the settings in the experiment config "
+            "(or pass them with --config)",
+            code="not_supported",
+            field="template",
+        )
+    if body.project_id not in (None, 0):
+        workspaces.require_default("project", body.project_id)
     with state.tx() as session:
         experiment, parsed = exps.create_experiment(
             session,
@@ -66,8 +75,8 @@ def create_experiment(
         # of it ignored on Slurm) are ``configWarnings``; hpc-det's ``det`` finds them when it checks the
         # config locally, before it posts.
         warnings = {"warnings": [], "configWarnings": [{"message": w} for w in parsed.warnings]}
-        if experiment is None:
-            return {"experiment": None, "config": parsed.config, **warnings}
+        if experiment is None:  # validate only: Determined's master answers an empty experiment
+            return {"experiment": convert.unsaved_experiment(), "config": parsed.config, **warnings}
         answer = {
             "experiment": convert.experiment_to_api(experiment, principal.username, []),
             "config": parsed.config,

@@ -49,8 +49,11 @@ class LaunchTaskRequest(ApiModel):
     template_name: str | None = Field(default=None, alias="templateName", max_length=256)
     workspace_id: OptionalId | None = Field(default=None, alias="workspaceId")
     data: str | None = Field(default=None, max_length=1 << 20)
-    experiment_ids: list[Id] = Field(default_factory=list, alias="experimentIds", max_length=1000)
-    trial_ids: list[Id] = Field(default_factory=list, alias="trialIds", max_length=1000)
+    # Determined's client sends null for the ids it was not given (`det tensorboard start EXP`).
+    experiment_ids: list[Id] | None = Field(default=None, alias="experimentIds", max_length=1000)
+    trial_ids: list[Id] | None = Field(default=None, alias="trialIds", max_length=1000)
+    preview: bool = False
+    """Determined's ``--preview``: answer the completed config and what the task would be; launch nothing."""
 
 
 def launch(state: State, principal: Any, body: LaunchTaskRequest, task_type: TaskType) -> dict[str, Any]:
@@ -81,17 +84,21 @@ def launch(state: State, principal: Any, body: LaunchTaskRequest, task_type: Tas
         max_context_bytes=DEFAULT_MAX_CONTEXT_BYTES,
     )
     archive = ctx.pack_context(files) if files else None
-    if task_type is not TaskType.TENSORBOARD and (body.experiment_ids or body.trial_ids):
+    experiment_ids, trial_ids = body.experiment_ids or [], body.trial_ids or []
+    if task_type is not TaskType.TENSORBOARD and (experiment_ids or trial_ids):
         raise ClientError("only a TensorBoard takes experimentIds and trialIds", field="experimentIds")
     with state.tx() as session:
         service_args = None
         if task_type is TaskType.TENSORBOARD:
             service_args, experiments = logdir_spec(
-                session, principal, body.experiment_ids, body.trial_ids, str(state.config.checkpoint_dir())
+                session, principal, experiment_ids, trial_ids, str(state.config.checkpoint_dir())
             )
             if not config.description:
                 word = "experiment" if len(experiments) == 1 else "experiments"
                 config.description = f"TensorBoard ({word} {', '.join(map(str, experiments))})"[:512]
+        if body.preview:
+            return {"config": config.to_dict(), "warnings": [],
+                    task_type.lower(): svc.preview_to_api(task_type, config, pool.name, principal.username)}  # fmt: skip
         task = svc.create_task(
             session,
             principal,

@@ -93,6 +93,8 @@ class CreateExperimentRequest(ApiModel):
     parent_id: OptionalId | None = None
     validate_only: bool = False
     project_id: OptionalId | None = None
+    template: str | None = Field(default=None, max_length=256)
+    """Determined's config template (``--template``): this master has none, and says so."""
 
 
 class MetricItem(ApiModel):

@@ -200,6 +200,25 @@ def task_to_api(task: TaskModel, owner: UserModel) -> dict[str, Any]:
     }
 
 
+def preview_to_api(
+    task_type: TaskType, config: TaskConfig, resource_pool: str, username: str
+) -> dict[str, Any]:
+    """What ``task_to_api`` would answer for a task launched with `config`, before it exists: no id, no job,
+    state ``STATE_UNSPECIFIED`` (Determined's answer to ``preview``)."""
+    return {
+        "id": "",
+        "description": default_description(task_type, config),
+        "state": "STATE_UNSPECIFIED",
+        "username": username,
+        "resourcePool": resource_pool,
+        "startTime": "1970-01-01T00:00:00Z",
+        "jobId": "",
+        "workspaceId": WORKSPACE_ID,
+        "serviceAddress": "",
+        "isReady": False,
+    }
+
+
 def allocation_summary(task: TaskModel, owner: UserModel) -> dict[str, Any]:
     """Determined's ``v1AllocationSummary`` (what ``det task list`` prints)."""
     slots = int((task.config.get("resources") or {}).get("slots", 1))

@@ -345,3 +345,47 @@ def test_only_the_owner_or_an_admin(determined: DeterminedClient, our_api: OurAp
     assert too_long.status_code == 400, too_long.text
     bad = httpx.patch(url, json={"resources": {"priority": 0}}, headers=our_api.admin)
     assert bad.status_code == 400 and bad.json()["field"], bad.text
+
+
+def test_create_test_mode_and_what_this_master_does_not_have(
+    determined: DeterminedClient, our_api: OurApi
+) -> None:
+    """``det e create --test`` validates first (the validate-only answer carries an empty experiment, as
+    Determined's master answers) and then creates its small test experiment; ``--template`` and a project that
+    does not exist are errors that say so, not experiments created without them."""
+    name = our_api.create_user("testmode", PASSWORD)
+    who = as_user(name)
+    config, context = model_dir(determined.home, f"test-{name}")
+    proc = subprocess.Popen(
+        [str(determined.venv / "bin" / "det"), "e", "create", "--test", str(config), str(context)],
+        env=determined.env(who), cwd=determined.home, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    seen = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # it follows the test experiment's logs from here on: stop reading then
+            seen.append(line)
+            if "Created test experiment" in line or "Traceback" in line:
+                break
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+    text = "".join(seen)
+    assert "validation succeeded" in text and "Created test experiment" in text, text
+    test_id = int(text.split("Created test experiment ")[1].split()[0])
+    assert experiment(our_api, test_id)["name"] == f"test-{name}"
+
+    before = len(
+        httpx.get(f"{our_api.master.url}/api/v1/experiments", headers=our_api.admin).json()["experiments"]
+    )
+    r = determined.det("e", "create", "--template", "gpu-defaults", str(config), str(context), env=who)
+    assert r.rc != 0 and "no config templates" in r.err, (r.out, r.err)
+    r = determined.det("e", "create", "--project_id", "7", str(config), str(context), env=who)
+    assert r.rc != 0 and "project 7 not found" in r.err, (r.out, r.err)
+    after = len(
+        httpx.get(f"{our_api.master.url}/api/v1/experiments", headers=our_api.admin).json()["experiments"]
+    )
+    assert after == before  # nothing created
+    r = determined.det("e", "create", "--project_id", "1", "--paused", str(config), str(context), env=who)
+    assert r.rc == 0, r.err  # the one project there is

@@ -48,3 +48,27 @@ def test_determineds_task_commands(determined: DeterminedClient, our_api: OurApi
     other = our_api.create_user("other", PASSWORD)
     refused = determined.det("cmd", "kill", task_id, env={"DET_USER": other, "DET_PASS": PASSWORD})
     assert refused.rc != 0 and "not found" in refused.out + refused.err
+
+
+def test_notebook_preview_and_start_and_tensorboard_start(
+    determined: DeterminedClient, our_api: OurApi
+) -> None:
+    """``det notebook start --preview`` prints the completed config and launches nothing; ``det notebook
+    start -d`` (which sends ``preview: false``) and ``det tensorboard start -d EXP`` (``trialIds: null``) launch."""
+    user = our_api.create_user("nb", PASSWORD)
+    env = {"DET_USER": user, "DET_PASS": PASSWORD}
+    preview = determined.det("notebook", "start", "--preview", "--config", "resources.slots=0", env=env)
+    assert preview.rc == 0, preview.err
+    assert yaml.safe_load(preview.out)["resources"]["slots"] == 0
+    assert user not in determined.det("notebook", "list", env=env).out  # nothing launched
+    started = determined.det("notebook", "start", "-d", "--config", "resources.slots=0", env=env)
+    assert started.rc == 0, started.err
+    notebook = started.out.strip().splitlines()[-1]
+    assert UUID.match(notebook), started.out
+    exp = our_api.create_experiment(our_api.login(user, PASSWORD), f"tb-{user}")
+    our_api.seed_trials(exp, [{"lr": 0.01}])
+    board = determined.det("tensorboard", "start", "-d", str(exp), env=env)
+    assert board.rc == 0, board.err
+    assert UUID.match(board.out.strip().splitlines()[-1]), board.out
+    for kind, task in (("notebook", notebook), ("tensorboard", board.out.strip().splitlines()[-1])):
+        assert determined.det(kind, "kill", task, env=env).rc == 0

@@ -248,3 +248,32 @@ def test_a_task_that_is_not_running_says_so(
     proxy.targets(client.app.state.det).forget(task_id)  # type: ignore[attr-defined]
     ended = client.get(f"/proxy/{task_id}/lab", headers=admin)
     assert ended.status_code == 410 and "is ending" in ended.json()["message"]
+
+
+def test_the_client_s_accept_encoding_is_the_one_forwarded(
+    client: TestClient, sessions: sessionmaker[Session], upstream: tuple[str, Starlette]
+) -> None:
+    """A client that asked for no encoding (plain curl) is not given gzip that the master asked for on its
+    behalf: the server is asked for `identity`; a client that asks for gzip is asked for by its own words."""
+    address, app = upstream
+    alice = make_user(client, login(client), "alice")
+    task_id = _running_notebook(client, sessions, alice, address)
+    client.headers.pop("accept-encoding", None)  # httpx's default; curl sends none
+    r = client.get(f"/proxy/{task_id}/plain", headers=alice)
+    assert r.status_code == 200, r.text
+    assert app.state.seen[-1]["headers"]["accept-encoding"] == "identity"
+    r = client.get(f"/proxy/{task_id}/zipped", headers={**alice, "accept-encoding": "gzip"})
+    assert r.status_code == 200, r.text
+    assert app.state.seen[-1]["headers"]["accept-encoding"] == "gzip"
+
+
+def test_determineds_interactive_address_leads_to_the_proxy(client: TestClient) -> None:
+    """`det notebook open` (Determined 0.38.1) opens /det/interactive/<id>/jupyter-lab/…: it leads to the proxy,
+    which checks who asks; anything but a task id is not a redirect at all."""
+    task_id = "0f6a2a59-3f4a-4c8e-9a7b-2b1f0e5d4c3a"
+    wait = "%2Fdet%2Fwait%2Fjupyter-lab%2Fx%3FeventUrl%3D%2Fjupyter-lab%2Fx%2Fevents"
+    r = client.get(f"/det/interactive/{task_id}/jupyter-lab/JupyterLab%20(x)/default/{wait}?currentSlotsExceeded=false",
+                   follow_redirects=False)  # fmt: skip
+    assert r.status_code == 303 and r.headers["location"] == f"/proxy/{task_id}/"
+    r = client.get("/det/interactive/..%2F..%2Fevil.example/x/y", follow_redirects=False)
+    assert r.status_code == 404 and "location" not in r.headers
