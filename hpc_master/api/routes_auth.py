@@ -14,7 +14,7 @@ from hpc_master.api.deps import State, UserPrincipal, request_token
 from hpc_master.api.schemas import LoginRequest, PatchUserRequest, PostUserRequest
 from hpc_master.auth import hash_token
 from hpc_master.db.models import UserModel
-from hpc_master.errors import PermissionDeniedError, UnauthenticatedError
+from hpc_master.errors import ClientError, PermissionDeniedError, UnauthenticatedError
 from hpc_master.services import users
 from hpc_master.services.common import get_or_404
 
@@ -135,6 +135,15 @@ def patch_user(
 ) -> dict[str, Any]:
     unix = body.unix_username or (body.agent_user_group or {}).get("agentUser")
     with state.tx() as session:
+        current = session.get(UserModel, user_id)
+        may_change = principal.trial_id is None and (principal.admin or principal.user_id == user_id)
+        renamed = body.username is not None and current is not None and current.username != body.username
+        if renamed and may_change:  # (one who may not change the user is refused by patch_user)
+            raise ClientError(
+                "renaming a user is not supported: create a user with the new name instead",
+                code="not_supported",
+                field="username",
+            )
         user = users.patch_user(
             session,
             principal,

@@ -16,8 +16,8 @@ from hpc_master.api.schemas import CreateExperimentRequest
 from hpc_master.db.models import ExperimentModel, TrialModel, utcnow
 from hpc_master.errors import ClientError, ConflictError
 from hpc_master.services import checkpoint_gc as gc
+from hpc_master.services import experiment_list, models_registry, notify, workspaces
 from hpc_master.services import experiments as exps
-from hpc_master.services import models_registry, notify, workspaces
 from hpc_master.services.checkpoint_usage import StorageTotals, experiment_totals, trial_totals_of_experiment
 from hpc_master.services.common import get_or_404
 from hpc_master.services.lifecycle import set_experiment_state
@@ -94,20 +94,30 @@ def list_experiments(
     users: Annotated[list[str] | None, Query()] = None,
     user_ids: Annotated[list[Id] | None, Query(alias="userIds")] = None,
     states: Annotated[list[str] | None, Query()] = None,
+    name: Annotated[str | None, Query(max_length=256)] = None,
+    description: Annotated[str | None, Query(max_length=1024)] = None,
+    labels: Annotated[list[Annotated[str, Query(max_length=256)]] | None, Query(max_length=100)] = None,
     offset: Offset = 0,
     limit: Limit = 100,
+    sort_by: Annotated[str | None, Query(alias="sortBy", max_length=64)] = None,
     order_by: Annotated[str | None, Query(alias="orderBy")] = None,
 ) -> dict[str, Any]:
+    """Determined's ``GetExperiments``: its filters (``name`` and ``description`` match anywhere; ``labels``:
+    every one), ``sortBy`` (``SORT_BY_*``; the checkpoint and metric sorts are refused) and ``orderBy``."""
     with state.tx() as session:
-        rows, total = exps.list_experiments(
+        rows, total = experiment_list.list_experiments(
             session,
             archived=archived,
             users=users or [],
             user_ids=user_ids or [],
             states=states or [],
+            name=name,
+            description=description,
+            labels=labels or [],
+            sort_by=sort_by,
+            order_desc=(order_by or "").upper() in ("ORDER_BY_DESC", "DESC"),
             offset=offset,
             limit=limit,
-            order_desc=(order_by or "").upper() in ("ORDER_BY_DESC", "DESC"),
         )
         totals = experiment_totals(session, [e.id for e, _ in rows])
         trial_ids = _trial_ids_of(session, [e.id for e, _ in rows])

@@ -114,13 +114,18 @@ def get_models(
     return {"models": models, "pagination": convert.pagination(start, limit, len(views), len(models))}
 
 
+def _require_the_workspace(name: str | None, ident: int | None) -> None:
+    if name not in (None, "", reg.WORKSPACE_NAME) or ident not in (None, 0, reg.WORKSPACE_ID):
+        raise NotFoundError(
+            f"workspace {name or ident} not found (models live in {reg.WORKSPACE_NAME!r}, id "
+            f"{reg.WORKSPACE_ID}: this master has no other workspace)",
+            field="workspaceName" if name else "workspaceId",
+        )
+
+
 @router.post("/models")
 def post_model(body: PostModelRequest, state: State, principal: UserPrincipal) -> dict[str, Any]:
-    if body.workspace_name not in (None, "", reg.WORKSPACE_NAME) or body.workspace_id not in (None, 0, 1):
-        raise NotFoundError(
-            f"workspace {body.workspace_name or body.workspace_id} not found (models live in "
-            f"{reg.WORKSPACE_NAME!r}, id {reg.WORKSPACE_ID}: this master has no other workspace)"
-        )
+    _require_the_workspace(body.workspace_name, body.workspace_id)
     with state.tx() as session:
         model = reg.create_model(
             session, principal, name=body.name, description=body.description or "",
@@ -139,8 +144,10 @@ def get_model(model_name: ModelName, state: State, principal: UserPrincipal) -> 
 def patch_model(
     model_name: ModelName, body: PatchModelRequest, state: State, principal: UserPrincipal
 ) -> dict[str, Any]:
+    _require_the_workspace(body.workspace_name, body.workspace_id)
+    changes = body.model_dump(exclude_none=True, exclude={"workspace_name", "workspace_id"})
     with state.tx() as session:
-        model = reg.patch_model(session, principal, model_name, body.model_dump(exclude_none=True))
+        model = reg.patch_model(session, principal, model_name, changes)
         return {"model": _model_json(session, model)}
 
 

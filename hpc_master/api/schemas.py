@@ -68,6 +68,9 @@ class PostUserRequest(ApiModel):
 
 
 class PatchUserRequest(ApiModel):
+    username: str | None = Field(default=None, max_length=128)
+    """Determined's rename: not supported here (a user's name is their login and their jobs' records); the
+    same name is accepted, another is an error."""
     password: str | None = Field(default=None, max_length=1024)
     is_hashed: bool = False
     active: bool | None = None
@@ -280,6 +283,9 @@ class PatchModelRequest(ApiModel):
     metadata: Metadata | None = None
     labels: Labels | None = None
     notes: Notes | None = None
+    workspace_name: ShortText | None = None
+    """``det model move -w NAME``: only to the one workspace there is (anything else is an error)."""
+    workspace_id: OptionalId | None = None
 
 
 class PostModelVersionRequest(ApiModel):

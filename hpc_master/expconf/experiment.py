@@ -340,5 +340,12 @@ def parse_experiment_config(
         cfg = ExperimentConfig.model_validate(data)
     except ValidationError as exc:
         raise to_config_error(exc, data, field_prefix) from None
+    if cfg.profiling.enabled:
+        warnings.append(f"`{format_path([*field_prefix, 'profiling'])}` is stored but not collected on Slurm")
+    if cfg.log_policies:
+        warnings.append(
+            f"`{format_path([*field_prefix, 'log_policies'])}` is stored but not applied on Slurm (no log "
+            "pattern cancels retries or excludes a node)"
+        )
     cfg._warnings = warnings
     return cfg

@@ -59,6 +59,13 @@ class _SearcherBase(StrictModel):
 
     @model_validator(mode="after")
     def _check_length(self) -> Any:
+        for key in ("source_trial_id", "source_checkpoint_uuid"):
+            if getattr(self, key) is not None:
+                raise custom_error(
+                    "is not supported yet: a trial cannot start from another trial's checkpoint on this "
+                    "master (it would start from scratch); leave it out",
+                    [key],
+                )
         length = getattr(self, "max_length", None)
         if isinstance(length, Length) and length.value < 1:
             raise custom_error(f"must be > 0, got {length.value}", ["max_length", length.unit])

@@ -122,37 +122,6 @@ def normalise_states(states: Sequence[str]) -> list[str]:
     return out
 
 
-def list_experiments(
-    session: Session,
-    *,
-    archived: bool | None = None,
-    users: Sequence[str] = (),
-    user_ids: Sequence[int] = (),
-    states: Sequence[str] = (),
-    offset: int = 0,
-    limit: int = 100,
-    order_desc: bool = False,
-) -> tuple[list[tuple[ExperimentModel, str]], int]:
-    stmt = select(ExperimentModel, UserModel.username).join(
-        UserModel, UserModel.id == ExperimentModel.owner_id
-    )
-    if archived is not None:
-        stmt = stmt.where(ExperimentModel.archived.is_(archived))
-    if users:
-        stmt = stmt.where(UserModel.username.in_(list(users)))
-    if user_ids:
-        stmt = stmt.where(ExperimentModel.owner_id.in_(list(user_ids)))
-    if states:
-        stmt = stmt.where(ExperimentModel.state.in_(normalise_states(states)))
-    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
-    order = ExperimentModel.id.desc() if order_desc else ExperimentModel.id
-    stmt = stmt.order_by(order).offset(max(offset, 0))
-    if limit > 0:
-        stmt = stmt.limit(limit)
-    rows = [(exp, username) for exp, username in session.execute(stmt).all()]
-    return rows, total
-
-
 def get_experiment(session: Session, experiment_id: int) -> tuple[ExperimentModel, str]:
     experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
     owner = get_or_404(session, UserModel, experiment.owner_id, "user")

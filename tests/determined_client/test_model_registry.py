@@ -43,6 +43,10 @@ def test_det_model_commands(determined: DeterminedClient, our_api: OurApi) -> No
     listed = json.loads(determined.det("model", "list", "--json", env=env).out)
     assert name in [m["name"] for m in listed]
     assert json.loads(determined.det("model", "describe", name, "--json", env=env).out)["name"] == name
+    # A workspace this master does not have is an error that names it, not a move that did nothing.
+    moved = determined.det("model", "move", name, "-w", "NOSUCH", env=env)
+    assert moved.rc != 0 and "workspace NOSUCH not found" in moved.out + moved.err, (moved.out, moved.err)
+    assert determined.det("model", "move", name, "-w", "Uncategorized", env=env).rc == 0  # the one there is
     assert determined.det("model", "delete", name, env=env).rc == 0
     assert name not in determined.det("model", "list", env=env).out
 

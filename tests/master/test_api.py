@@ -607,3 +607,22 @@ def test_trial_kill(client: TestClient, sessions: sessionmaker[Session]) -> None
     )
     trials = client.get(f"/api/v1/experiments/{exp_id}/trials", headers=admin).json()["trials"]
     assert [t["id"] for t in trials] == [trial_id]
+
+
+def test_renaming_a_user_is_refused_by_name_and_changes_nothing(client: TestClient) -> None:
+    """Determined's PATCH of a user's ``username``: not supported here, and said so (it used to answer 200 and
+    rename nothing); the same name, or another field, goes through; someone else's user stays someone else's."""
+    admin = login(client)
+    alice = make_user(client, admin, "alice")
+    me = client.get("/api/v1/me", headers=alice).json()["user"]
+    r = client.patch(f"/api/v1/users/{me['id']}", headers=admin, json={"username": "alicia"})
+    assert r.status_code == 400, r.text
+    assert r.json()["field"] == "username" and "renaming a user is not supported" in r.json()["message"]
+    assert client.get("/api/v1/users/alicia/by-username", headers=admin).status_code == 404
+    r = client.patch(
+        f"/api/v1/users/{me['id']}", headers=admin, json={"username": "alice", "displayName": "A."}
+    )
+    assert r.status_code == 200 and r.json()["user"]["displayName"] == "A.", r.text
+    bob = make_user(client, admin, "bob")
+    r = client.patch(f"/api/v1/users/{me['id']}", headers=bob, json={"username": "alicia"})
+    assert r.status_code == 403, r.text  # bob may not change alice: refused as such

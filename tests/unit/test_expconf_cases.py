@@ -192,7 +192,9 @@ def test_shared_fs_storage_root() -> None:
 def test_kitchen_sink_fields() -> None:
     cfg = _good("kitchen_sink")
     assert cfg.warnings == [
-        "`tensorboard_storage` is not used (TensorBoard files go with checkpoints) and is ignored on Slurm"
+        "`tensorboard_storage` is not used (TensorBoard files go with checkpoints) and is ignored on Slurm",
+        "`profiling` is stored but not collected on Slurm",
+        "`log_policies` is stored but not applied on Slurm (no log pattern cancels retries or excludes a node)",
     ]
     assert cfg.reproducibility.experiment_seed == 42
     assert [p.action.type if p.action else None for p in cfg.log_policies] == [
