@@ -23,7 +23,19 @@ def alembic_config(engine: Engine | None = None) -> Config:
 
 
 def upgrade_to_head(engine: Engine) -> None:
-    with engine.begin() as connection:
-        cfg = alembic_config(engine)
-        cfg.attributes["connection"] = connection
-        command.upgrade(cfg, "head")
+    """One transaction. On SQLite it runs with foreign keys off (a table rebuild drops a table that others
+    reference; with them on, SQLite would run the cascades); a migration that rebuilds checks them itself."""
+    sqlite = engine.dialect.name == "sqlite"
+    with engine.connect() as connection:
+        raw = connection.connection.driver_connection
+        assert raw is not None
+        if sqlite:  # a PRAGMA on the driver's connection: inside a transaction SQLite ignores this one
+            raw.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with connection.begin():
+                cfg = alembic_config(engine)
+                cfg.attributes["connection"] = connection
+                command.upgrade(cfg, "head")
+        finally:
+            if sqlite:
+                raw.execute("PRAGMA foreign_keys=ON")

@@ -91,6 +91,7 @@ class SessionModel(Base):
 
 class ExperimentModel(Base):
     __tablename__ = "experiments"
+    __table_args__ = {"sqlite_autoincrement": True}  # noqa: RUF012  # ids are never reused (migration 0008)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id"), index=True)
@@ -118,7 +119,7 @@ class ExperimentModel(Base):
 
 class TrialModel(Base):
     __tablename__ = "trials"
-    __table_args__ = (UniqueConstraint("experiment_id", "request_id"),)
+    __table_args__ = (UniqueConstraint("experiment_id", "request_id"), {"sqlite_autoincrement": True})
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
@@ -300,6 +301,7 @@ class RegistryModel(Base):
     (``ModelVersionModel``). ``name_key`` is the name casefolded: names are unique regardless of case."""
 
     __tablename__ = "models"
+    __table_args__ = {"sqlite_autoincrement": True}  # noqa: RUF012  # ids are never reused (migration 0008)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(256))

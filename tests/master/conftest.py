@@ -85,6 +85,18 @@ def pg_database() -> Iterator[str]:
         admin.dispose()
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def blank_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database (no tables yet) on each backend: for the migration tests."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'old.db'}"
+        return
+    from tests.pg import new_database
+
+    with new_database(pg_url_or_skip(), "hpcdet_mig") as url:
+        yield url
+
+
 @pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An SQLite database migrated to head once; each test's database starts as a copy of it (the migrations

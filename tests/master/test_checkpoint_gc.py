@@ -437,20 +437,6 @@ def test_a_root_master_deletes_as_the_owner_and_never_follows_a_link(
 # ---------------------------------------------------------------- the migration and the master's defaults
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def blank_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty database (no tables yet) on each backend."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'old.db'}"
-        return
-    from tests.pg import new_database
-
-    from .conftest import pg_url_or_skip
-
-    with new_database(pg_url_or_skip(), "hpcdet_mig") as url:
-        yield url
-
-
 def test_the_migration_records_the_size_of_checkpoints_already_there(blank_url: str) -> None:
     from alembic import command
     from sqlalchemy import text
