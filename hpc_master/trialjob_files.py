@@ -1,36 +1,29 @@
 """Writes a job's run directory before the job is submitted (the only I/O of the trial-job and task-job
-modules)."""
+modules). Everything below the job storage root may be the user's to change (their jobs run there), so every
+directory and file goes through ``userfiles``: no link is followed, nothing is chowned or written through one."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
+import userfiles
 from hpc_master.trialjob import TrialJobPlan
 
 
-def write_text(path: str, text: str, mode: int, uid: int | None, gid: int | None) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    try:
-        os.fchmod(fd, mode)  # not widened by the umask, not narrowed either
-        if uid is not None:
-            os.fchown(fd, uid, -1 if gid is None else gid)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    os.replace(tmp, path)
+def write_text(anchor: str, path: str, text: str, mode: int, uid: int | None, gid: int | None) -> None:
+    """`text` at `path` (below `anchor`), exactly `mode`, owned by `uid` when given; written under a new name
+    and renamed, so a reader sees all of it or none, and a link that stood there is replaced, not followed."""
+    write_bytes(anchor, path, text.encode(), uid, gid, mode=mode)
 
 
-def make_dir(path: str, uid: int | None, gid: int | None) -> None:
-    os.makedirs(path, mode=0o750, exist_ok=True)
-    if uid is not None:
-        os.chown(path, uid, -1 if gid is None else gid)
+def make_dir(anchor: str, path: str, uid: int | None, gid: int | None) -> None:
+    """`path` and every directory between `anchor` and it, owned by `uid`/`gid` when given."""
+    userfiles.make_dirs(anchor, userfiles.relative_parts(anchor, path), mode=0o750, uid=uid, gid=gid)
 
 
-def write_run_dir(plan: TrialJobPlan, *, uid: int | None = None, gid: int | None = None) -> None:
+def write_run_dir(
+    plan: TrialJobPlan, job_storage_root: str, *, uid: int | None = None, gid: int | None = None
+) -> None:
     """Create the trial and run directories (owned by `uid`/`gid` when given: a root master submitting for a
     user) and write the plan's files; the token file is 0600. Idempotent for a resubmission of the same run.
 
@@ -39,19 +32,17 @@ def write_run_dir(plan: TrialJobPlan, *, uid: int | None = None, gid: int | None
     shared filesystem, and the master outliving its own crash does not need them on disk (only an OS crash of
     the master's host could lose them, and a run whose files are gone fails its setup and is restarted).
     Five fsyncs per submission were a third of the lifecycle loop's time per submitted trial."""
-    trial_parent = os.path.dirname(plan.trial_dir)
-    for path in (trial_parent, plan.trial_dir, plan.run_dir):
-        make_dir(path, uid, gid)
+    os.makedirs(job_storage_root, exist_ok=True)  # the master's own (its configuration): followed as it is
+    make_dir(job_storage_root, plan.run_dir, uid, gid)
+    run_parts = userfiles.relative_parts(job_storage_root, plan.run_dir)
     for name, (text, mode) in plan.files().items():
-        write_text(os.path.join(plan.run_dir, name), text, mode, uid, gid)
+        userfiles.write_file(job_storage_root, (*run_parts, name), text.encode(), mode=mode, uid=uid, gid=gid)
 
 
-def write_bytes(path: Path, data: bytes, uid: int | None, gid: int | None) -> None:
-    """`data` at `path` (0640, owned by `uid` when given), written under a temporary name and renamed."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o640)
-    with os.fdopen(fd, "wb") as f:
-        if uid is not None:
-            os.fchown(f.fileno(), uid, -1 if gid is None else gid)
-        f.write(data)  # not fsynced: see write_run_dir
-    os.replace(tmp, path)
+def write_bytes(
+    anchor: str, path: str, data: bytes, uid: int | None, gid: int | None, *, mode: int = 0o640
+) -> None:
+    """`data` at `path` (below `anchor`; 0640 unless `mode`, owned by `uid` when given), written under a new
+    name and renamed. Not fsynced: see write_run_dir."""
+    parts = userfiles.relative_parts(anchor, path)
+    userfiles.write_file(anchor, parts, data, mode=mode, uid=uid, gid=gid)

@@ -219,7 +219,8 @@ async def task_logs(
         with state.tx() as session:
             task = svc.get_task(session, principal, task_id)
             path = task.run_dir.rstrip("/") + "/output.log"
-            return [logs.LogSource(1, PurePath(path))], task.state == svc.TaskState.TERMINATED
+            anchor = state.config.job_storage_dir()
+            return [logs.LogSource(1, PurePath(path), anchor)], task.state == svc.TaskState.TERMINATED
 
     sources, done = await run_in_threadpool(snapshot)  # 404 before the stream starts
 

@@ -167,7 +167,7 @@ async def trial_logs(
                 principal, get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
             )
             done = trial.state in TERMINAL_TRIAL_STATES and live_run_of(session, trial_id) is None
-            return logs.log_sources(session, trial_id), done
+            return logs.log_sources(session, trial_id, state.config.job_storage_dir()), done
 
     sources_, done = await run_in_threadpool(snapshot)  # 404 before the stream starts
 

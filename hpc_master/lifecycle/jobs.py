@@ -20,9 +20,9 @@ a job missing from squeue past its grace period) makes a submitted job lost.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import posixpath
 import pwd
 import sys
 import time
@@ -36,6 +36,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 import hpc_master
+import userfiles
+from harness.exec.job_plan import EXIT_FILE
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel, UserModel
 from hpc_master.errors import ClientError, SlurmError
@@ -355,7 +357,7 @@ class JobDriver:
                 session_token=sub.token,
                 cluster_id=self.cluster_id,
             )
-            write_run_dir(plan, uid=uid, gid=gid)
+            write_run_dir(plan, self.job_storage_root, uid=uid, gid=gid)
             _ensure_image_cache(plan.plan)
             if sub.has_context:
                 self._write_context_once(sub.experiment_id, Path(context_path), uid, gid)
@@ -472,14 +474,15 @@ class JobDriver:
     def _write_context_once(self, experiment_id: int, path: Path, uid: int | None, gid: int | None) -> None:
         """The experiment's context archive, written next to its trials' directories by its first submission
         (read from the database then only: it can be 95 MB, and a grid has thousands of trials)."""
-        if path.exists():
+        root = self.job_storage_root
+        if userfiles.exists(root, userfiles.relative_parts(root, path)):
             return
         with self._tx() as s:
             data = s.scalar(
                 select(ExperimentModel.context_archive).where(ExperimentModel.id == experiment_id)
             )
         if data is not None:
-            write_bytes(path, data, uid, gid)
+            write_bytes(root, str(path), data, uid, gid)
 
     # ---- stop -----------------------------------------------------------------------------------------
     def cancel_stopped(self) -> None:
@@ -562,7 +565,7 @@ class JobDriver:
 
     def _finish(self, run_id: int, exp_id: int, trial_id: int, run_number: int, status: JobStatus) -> None:
         _, run_dir = run_dirs(self.job_storage_root, exp_id, trial_id, run_number)
-        exit_info = read_exit(Path(run_dir) / "exit.json")
+        exit_info = read_exit(self.job_storage_root, posixpath.join(run_dir, EXIT_FILE))
         with self._tx() as s:
             ended = record_run_end(s, run_id, status, exit_info, self.config.preemption.signal)
         if ended is None:
@@ -627,10 +630,11 @@ def job_account(owner_name: str, unix_user: str | None) -> tuple[int, int]:
     return pw.pw_uid, pw.pw_gid
 
 
-def read_exit(path: Path) -> dict[str, Any] | None:
-    """A job's ``exit.json`` (harness.exec.job_entry), or None when there is none or it cannot be read."""
+def read_exit(anchor: str, path: str) -> dict[str, Any] | None:
+    """A job's ``exit.json`` (harness.exec.job_entry) at `path` below `anchor` (the job storage root), or None
+    when there is none or it cannot be read: a link, a FIFO or anything but a small regular file included."""
     try:
-        data = json.loads(path.read_text())
+        data = userfiles.read_json(anchor, userfiles.relative_parts(anchor, path))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import PurePath
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+import userfiles
 from hpc_master.db.models import LogFileModel, TrialRunModel
 
 RANK_PREFIX = re.compile(r"^\[rank=(\d+)\] ?")
@@ -58,8 +58,12 @@ _LEVEL_OF_WORD = {
 
 @dataclass(frozen=True)
 class LogSource:
+    """A log file, read beneath `anchor` (the master's job storage root): never through a link, never a FIFO
+    (``userfiles``); a file that is not below it is not read at all."""
+
     run_number: int
-    path: Path
+    path: PurePath
+    anchor: PurePath
     stream: str = "stdout"
 
 
@@ -93,14 +97,16 @@ class LogFilter:
         return not self.search_text or self.search_text in str(entry.get("log", ""))
 
 
-def log_sources(session: Session, trial_id: int) -> list[LogSource]:
+def log_sources(session: Session, trial_id: int, anchor: PurePath) -> list[LogSource]:
     rows = session.execute(
         select(TrialRunModel.run_number, LogFileModel.path, LogFileModel.stream)
         .join(LogFileModel, LogFileModel.trial_run_id == TrialRunModel.id)
         .where(TrialRunModel.trial_id == trial_id)
         .order_by(TrialRunModel.run_number, LogFileModel.id)
     ).all()
-    return [LogSource(run_number, Path(path), stream or "stdout") for run_number, path, stream in rows]
+    return [
+        LogSource(run_number, PurePath(path), anchor, stream or "stdout") for run_number, path, stream in rows
+    ]
 
 
 def line_level(text: str) -> LogLevel:
@@ -157,12 +163,11 @@ def read_new_lines(
         key = str(source.path)
         start = cursor.offsets.get(key, 0)
         try:
-            with source.path.open("rb") as handle:
-                handle.seek(start)
-                data = handle.read(max_bytes + 1)
-                written = dt.datetime.fromtimestamp(os.fstat(handle.fileno()).st_mtime, dt.UTC)
-        except OSError:
+            parts = userfiles.relative_parts(source.anchor, source.path)
+            data, status = userfiles.read_bytes(source.anchor, parts, offset=start, max_bytes=max_bytes + 1)
+        except OSError:  # not there (yet), or a link, FIFO or root's file in its place: nothing to show
             continue
+        written = dt.datetime.fromtimestamp(status.st_mtime, dt.UTC)
         at_end = len(data) <= max_bytes
         if not at_end:
             data = data[:max_bytes]

@@ -10,16 +10,18 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import posixpath
 import secrets
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+import userfiles
+from harness.exec.job_plan import EXIT_FILE
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import TaskModel, UserModel, utcnow
 from hpc_master.errors import ClientError, SlurmError
@@ -277,7 +279,9 @@ class TaskDriver:
                 except SlurmError:
                     continue
             if status.is_terminal or status.outcome is Outcome.UNSCHEDULABLE:
-                self._finish(task_id, status, read_exit(Path(run_dir) / "exit.json"))
+                self._finish(
+                    task_id, status, read_exit(self.job_storage_root, posixpath.join(run_dir, EXIT_FILE))
+                )
                 self.poller.unwatch(job_id)
                 ended += 1
             else:
@@ -306,7 +310,7 @@ class TaskDriver:
             elif status.outcome is Outcome.PENDING and task.pending_reason != status.reason:
                 task.pending_reason = status.reason
         if discover is not None:
-            address = service_address(Path(discover) / SERVICE_FILE)
+            address = service_address(self.job_storage_root, posixpath.join(discover, SERVICE_FILE))
             if address is not None:
                 with self._tx() as s:
                     task = s.get(TaskModel, task_id)
@@ -382,9 +386,10 @@ def idle_timeout_s(task: TaskModel, tensorboard_timeout_s: int | None) -> int | 
     return tensorboard_timeout_s if task.task_type == TaskType.TENSORBOARD else None
 
 
-def service_address(path: Path, timeout_s: float = 0.5) -> str | None:
-    """``host:port`` from the job's ``service.json`` once something accepts connections there, else None."""
-    info = read_exit(path)
+def service_address(anchor: str, path: str, timeout_s: float = 0.5) -> str | None:
+    """``host:port`` from the job's ``service.json`` (below `anchor`) once something accepts connections
+    there, else None."""
+    info = read_exit(anchor, path)
     if info is None:
         return None
     host, port = info.get("host"), info.get("port")
@@ -411,9 +416,11 @@ def write_task_dir(
     parent = os.path.dirname(plan.run_dir)
     if os.path.basename(parent) != TASKS_DIR:
         raise ClientError(f"unexpected task directory {plan.run_dir}")
-    os.makedirs(parent, mode=0o711, exist_ok=True)
-    make_dir(plan.run_dir, uid, gid)
+    root = os.path.dirname(parent)
+    os.makedirs(root, exist_ok=True)  # the master's own (its configuration): followed as it is
+    userfiles.make_dirs(root, (TASKS_DIR,), mode=0o711)  # the master's, never chowned
+    make_dir(parent, plan.run_dir, uid, gid)
     for name, (text, mode) in plan.files(service_token).items():
-        write_text(os.path.join(plan.run_dir, name), text, mode, uid, gid)
+        write_text(parent, os.path.join(plan.run_dir, name), text, mode, uid, gid)
     if archive is not None and plan.context_path is not None:
-        write_bytes(Path(plan.context_path), archive, uid, gid)
+        write_bytes(parent, plan.context_path, archive, uid, gid)

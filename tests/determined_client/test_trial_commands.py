@@ -457,7 +457,7 @@ def test_long_logs_are_read_in_pieces(tmp_path: Path) -> None:
     than a piece comes in pieces rather than never (no client needed)."""
     path = tmp_path / "slurm-1.out"
     path.write_text("[rank=0] one\n[rank=1] ERROR: two\n" + "x" * 25 + "\nlast")
-    sources = [log_svc.LogSource(1, path)]
+    sources = [log_svc.LogSource(1, path, tmp_path)]
     cursor = log_svc.LogCursor(offsets={})
     got: list[str] = []
     while True:

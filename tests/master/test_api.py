@@ -570,7 +570,8 @@ def test_preemption_long_poll_is_woken_by_a_committed_stop_request(
 def test_trial_logs_follow(client: TestClient, sessions: sessionmaker[Session], tmp_path: Path) -> None:
     admin = login(client)
     exp_id = create_experiment(client, admin)
-    log_file = tmp_path / "slurm-1.out"
+    log_file = tmp_path / "jobs" / "slurm-1.out"  # below the job storage root (DET_JOB_STORAGE_ROOT)
+    log_file.parent.mkdir()
     log_file.write_text("[rank=0] hello\n[rank=1] world\n")
     with transaction(sessions) as s:
         trial = lifecycle.create_trial(s, exp_id, "r", {})

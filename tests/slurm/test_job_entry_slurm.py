@@ -95,7 +95,7 @@ def _submit(
         master_url=f"http://127.0.0.1:{port}",
         session_token="test-token",
     )
-    write_run_dir(plan, uid=researcher.uid, gid=researcher.gid)
+    write_run_dir(plan, paths.job_storage_root, uid=researcher.uid, gid=researcher.gid)
     job_id = researcher.sbatch(Path(plan.run_dir) / run_files.SCRIPT_FILE)
     try:
         if while_running is not None:

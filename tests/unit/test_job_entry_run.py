@@ -89,7 +89,7 @@ def _plan(tmp_path: Path, mode: str, files: dict[str, str] | None = None) -> Tri
     plan = build_trial_job(
         cfg, PoolSpec(slots_per_node=1), trial, paths, master_url="http://127.0.0.1:9", session_token=TOKEN
     )
-    write_run_dir(plan)
+    write_run_dir(plan, paths.job_storage_root)
     return plan
 
 

@@ -12,6 +12,8 @@
 - ``launchers`` build per-node command lines inside jobs: they read the job's contracts from ``harness``.
 - ``determined_compat`` (the ``determined`` package jobs get on ``PYTHONPATH``) is a facade over ``harness`` and
   ``launchers`` and nothing imports it.
+- ``userfiles`` (files in directories users control, opened without following their links) is used by the master
+  and, run as the user, by its per-user helper: standard library only.
 - ``local_cluster`` (``det deploy local``: packages, munge, namespaces) may use ``slurm_backend`` but not the master.
 - ``hpc_master`` (service and CLI) sits on top: it may import every room except ``launchers`` and the
   ``determined`` facade (the job script names them as commands, it never imports them).
@@ -37,12 +39,22 @@ ALLOWED: dict[str, frozenset[str]] = {
     "searcher": frozenset({"det_errors"}),
     "slurm_backend": frozenset({"det_errors"}),
     "containers": frozenset({"det_errors"}),
+    "userfiles": frozenset(),
     "harness": frozenset({"containers"}),
     "launchers": frozenset({"harness"}),
     "determined_compat": frozenset({"harness", "launchers"}),
     "local_cluster": frozenset({"det_errors", "slurm_backend"}),
     "hpc_master": frozenset(
-        {"det_errors", "searcher", "slurm_backend", "containers", "harness", "local_cluster", "webui"}
+        {
+            "det_errors",
+            "searcher",
+            "slurm_backend",
+            "containers",
+            "harness",
+            "local_cluster",
+            "userfiles",
+            "webui",
+        }
     ),
     "webui": frozenset(),  # static assets and a path helper
 }

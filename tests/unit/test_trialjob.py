@@ -237,14 +237,14 @@ def test_pool_from_master_config() -> None:
 def test_write_run_dir(tmp_path: Path) -> None:
     paths = JobPaths(str(tmp_path / "jobs"), str(tmp_path / "ck"), "/opt/hpc-det", "/usr/bin/python3")
     plan = build_trial_job(config(), GPU_POOL, trial(), paths, master_url="http://m", session_token=TOKEN)
-    write_run_dir(plan)
+    write_run_dir(plan, paths.job_storage_root)
     run_dir = Path(plan.run_dir)
     assert stat.S_IMODE((run_dir / run_files.TOKEN_FILE).stat().st_mode) == 0o600
     assert (run_dir / run_files.TOKEN_FILE).read_text().strip() == TOKEN
     assert json.loads((run_dir / run_files.PLAN_FILE).read_text()) == plan.plan
     assert json.loads((run_dir / run_files.CLUSTER_INFO_TEMPLATE_FILE).read_text()) == plan.cluster_info
     assert (run_dir / run_files.SCRIPT_FILE).read_text() == plan.script
-    write_run_dir(plan)  # a resubmission of the same run rewrites in place
+    write_run_dir(plan, paths.job_storage_root)  # a resubmission of the same run rewrites in place
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(plan.files())
 
 
