@@ -20,7 +20,6 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -38,7 +37,6 @@ from hpc_master.db.models import TaskModel, utcnow
 from hpc_master.errors import PermissionDeniedError, UnauthenticatedError
 from hpc_master.services import users
 from hpc_master.services.users import Principal
-from hpc_master.tasks.job import SERVICE_TOKEN_FILE
 from hpc_master.tasks.service import TaskState
 
 log = logging.getLogger(__name__)
@@ -169,12 +167,12 @@ def _lookup(state: AppState, token: str, task_id: str, by_cookie: bool) -> Targe
         if task.state != TaskState.RUNNING or not task.service_address:
             where = f"waiting in Slurm ({task.pending_reason})" if task.pending_reason else "starting"
             raise ProxyError(503, "not_ready", f"task {task_id} is {where}", retry=True)
-        run_dir, address, description = task.run_dir, task.service_address, task.description
-    try:
-        server_token = (Path(run_dir) / SERVICE_TOKEN_FILE).read_text().strip()
-    except OSError as e:
-        raise ProxyError(502, "no_token", f"cannot read the server's token: {e.strerror}") from None
-    return Target(task_id, address, server_token, description)
+        if not task.service_token:
+            raise ProxyError(
+                502, "no_token", f"task {task_id} has no server token on record (an older master started it): "
+                "kill it and start it again",
+            )  # fmt: skip
+        return Target(task_id, task.service_address, task.service_token, task.description)
 
 
 async def resolve(
@@ -207,6 +205,28 @@ def _touch(state: AppState, task_id: str) -> None:
         task = session.get(TaskModel, task_id)
         if task is not None and task.state == TaskState.RUNNING:
             task.last_activity = utcnow()
+
+
+def upstream_path(task_id: str, raw_path: bytes) -> str:
+    """The path to ask the task's server for: what the client sent (still percent-encoded, as the server's
+    own routing expects), refused when any segment, decoded as often as it decodes, is ``.`` or ``..``: the
+    server would resolve it out of ``/proxy/<task id>/`` (``..%2F``, ``%252e%252e/``, ``..\\``)."""
+    from urllib.parse import unquote
+
+    prefix = f"/proxy/{task_id}/"
+    raw = raw_path.decode("latin-1")
+    if not raw.startswith(prefix):
+        raise ProxyError(400, "bad_path", f"not a path under {prefix}")
+    rest = raw[len(prefix) :]
+    decoded, previous = rest, None
+    while decoded != previous:
+        previous, decoded = decoded, unquote(decoded)
+    for segment in decoded.replace("\\", "/").split("/"):
+        if segment.strip() in (".", ".."):
+            raise ProxyError(
+                400, "bad_path", f"a path under {prefix} cannot name . or .. (it would leave it)"
+            )
+    return prefix + rest
 
 
 def _forward_headers(headers: Any, token: str, host: str) -> list[tuple[str, str]]:
@@ -263,7 +283,10 @@ async def proxy_http(task_id: str, path: str, request: Request) -> Response:
         target = await resolve(state, request.headers, dict(request.cookies), task_id, request.method)
     except ProxyError as err:
         return _error_response(request, err)
-    url = f"http://{target.address}/proxy/{task_id}/{path}"
+    try:
+        url = f"http://{target.address}{upstream_path(task_id, request.scope.get('raw_path') or b'')}"
+    except ProxyError as err:
+        return _error_response(request, err)
     if request.url.query:
         url += f"?{request.url.query}"
     client = targets(state).http()
@@ -274,9 +297,10 @@ async def proxy_http(task_id: str, path: str, request: Request) -> Response:
     try:
         upstream = await client.send(upstream_request, stream=True)
     except httpx.HTTPError as e:
-        targets(state)._cache.clear()
+        targets(state).forget(task_id)
+        log.info("task %s: its server does not answer: %r", task_id, e)  # never echoed to the client
         return JSONResponse(
-            {"code": "upstream_unreachable", "message": f"the task's server does not answer: {e}"},
+            {"code": "upstream_unreachable", "message": f"task {task_id}'s server does not answer"},
             status_code=502,
         )
     response = StreamingResponse(
@@ -303,7 +327,11 @@ async def proxy_ws(websocket: WebSocket, task_id: str, path: str) -> None:
     except ProxyError as err:
         await websocket.close(code=1008, reason=err.message[:120])
         return
-    url = f"ws://{target.address}/proxy/{task_id}/{path}"
+    try:
+        url = f"ws://{target.address}{upstream_path(task_id, websocket.scope.get('raw_path') or b'')}"
+    except ProxyError as err:
+        await websocket.close(code=1008, reason=err.message[:120])
+        return
     if websocket.url.query:
         url += f"?{websocket.url.query}"
     protocols = [
@@ -315,7 +343,8 @@ async def proxy_ws(websocket: WebSocket, task_id: str, path: str) -> None:
             subprotocols=protocols or None, max_size=None, open_timeout=10, ping_interval=None,  # type: ignore[arg-type]
         )  # fmt: skip
     except Exception as e:  # refused, timed out, a handshake the server rejected
-        await websocket.close(code=1011, reason=f"the task's server refused: {e}"[:120])
+        log.info("task %s: its server refused a WebSocket: %r", task_id, e)  # never echoed to the client
+        await websocket.close(code=1011, reason="the task's server refused the WebSocket")
         return
     await websocket.accept(subprotocol=upstream.subprotocol)
 

@@ -368,6 +368,9 @@ class TaskModel(Base):
     """Why it ended, in words (Determined's ``exitStatus``)."""
     service_args: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     """The server's arguments the master decided (a TensorBoard's ``--logdir_spec``, from the trials' records)."""
+    service_token: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """The token a notebook's or TensorBoard's server requires: written to the job's run directory for the
+    server, never read back from there; the proxy adds this record of it to every request."""
     service_address: Mapped[str | None] = mapped_column(String(256), nullable=True)
     """``host:port`` of a notebook's or TensorBoard's server once it answers: where ``/proxy/<id>/`` goes."""
     last_activity: Mapped[dt.datetime | None] = mapped_column(nullable=True)

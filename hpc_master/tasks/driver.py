@@ -21,6 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 import userfiles
+from harness.exec.job_nodes import expand_nodelist
 from harness.exec.job_plan import EXIT_FILE
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import TaskModel, UserModel, utcnow
@@ -198,6 +199,7 @@ class TaskDriver:
             task = s.get(TaskModel, task_id)
             assert task is not None
             task.submit_attempted = True
+            task.service_token = token
         return plan
 
     def _paths(self) -> JobPaths:
@@ -289,7 +291,7 @@ class TaskDriver:
         return ended
 
     def _update(self, task_id: str, status: JobStatus) -> None:
-        discover: str | None = None
+        discover: tuple[str, str] | None = None
         with self._tx() as s:
             task = s.get(TaskModel, task_id)
             if task is None:
@@ -299,7 +301,7 @@ class TaskDriver:
                 and task.service_address is None
                 and TaskType(task.task_type) in SERVICE_TYPES
             ):
-                discover = task.run_dir
+                discover = (task.run_dir, status.node_list or task.node_list or "")
             if status.outcome is Outcome.RUNNING:
                 if task.state == TaskState.QUEUED:
                     task.state = TaskState.RUNNING.value
@@ -310,7 +312,8 @@ class TaskDriver:
             elif status.outcome is Outcome.PENDING and task.pending_reason != status.reason:
                 task.pending_reason = status.reason
         if discover is not None:
-            address = service_address(self.job_storage_root, posixpath.join(discover, SERVICE_FILE))
+            run_dir, nodes = discover
+            address = service_address(self.job_storage_root, posixpath.join(run_dir, SERVICE_FILE), nodes)
             if address is not None:
                 with self._tx() as s:
                     task = s.get(TaskModel, task_id)
@@ -386,14 +389,19 @@ def idle_timeout_s(task: TaskModel, tensorboard_timeout_s: int | None) -> int | 
     return tensorboard_timeout_s if task.task_type == TaskType.TENSORBOARD else None
 
 
-def service_address(anchor: str, path: str, timeout_s: float = 0.5) -> str | None:
-    """``host:port`` from the job's ``service.json`` (below `anchor`) once something accepts connections
-    there, else None."""
+def service_address(anchor: str, path: str, node_list: str, timeout_s: float = 0.5) -> str | None:
+    """``node:port`` once something accepts connections there, else None: the node is where Slurm placed the
+    job (`node_list`, from squeue), the port is the job's ``service.json``'s (below `anchor`). The file's
+    ``host`` is never used: a user writes that file, and the proxy must not reach wherever they say."""
+    nodes = expand_nodelist(node_list) if node_list else []
+    if len(nodes) != 1:
+        return None
+    host = nodes[0]
     info = read_exit(anchor, path)
     if info is None:
         return None
-    host, port = info.get("host"), info.get("port")
-    if not isinstance(host, str) or not isinstance(port, int) or not 0 < port < 65536:
+    port = info.get("port")
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         return None
     try:
         with socket.create_connection((host, port), timeout=timeout_s):

@@ -26,7 +26,6 @@ from hpc_master.api import proxy, session_cookie
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import TaskModel, utcnow
 from hpc_master.services.lifecycle import mint_trial_token
-from hpc_master.tasks.job import SERVICE_TOKEN_FILE
 from tests.master.helpers import login, make_user, seed_trial
 
 SERVER_TOKEN = "server-secret-token"
@@ -118,8 +117,7 @@ def _running_notebook(
     with transaction(sessions) as s:
         task = s.get(TaskModel, task_id)
         assert task is not None
-        Path(task.run_dir).mkdir(parents=True)
-        (Path(task.run_dir) / SERVICE_TOKEN_FILE).write_text(SERVER_TOKEN + "\n")
+        task.service_token = SERVER_TOKEN  # the master's record (a run directory's file is never read back)
         task.state, task.service_address, task.slurm_job_id = "STATE_RUNNING", address, "7"
         task.last_activity = utcnow()
     return task_id
@@ -277,3 +275,46 @@ def test_determineds_interactive_address_leads_to_the_proxy(client: TestClient) 
     assert r.status_code == 303 and r.headers["location"] == f"/proxy/{task_id}/"
     r = client.get("/det/interactive/..%2F..%2Fevil.example/x/y", follow_redirects=False)
     assert r.status_code == 404 and "location" not in r.headers
+
+
+def test_the_servers_token_comes_from_the_masters_record_never_a_file(
+    client: TestClient, sessions: sessionmaker[Session], upstream: tuple[str, Starlette], tmp_path: Path
+) -> None:
+    """A user who replaces the run directory's ``service_token`` with a link to a secret gets nothing of it: the
+    proxy never reads the file (issue 32, item 3); a task with no token on record is refused by name."""
+    alice = login(client)  # the admin, owner of this notebook
+    task_id = _running_notebook(client, sessions, alice, upstream[0])
+    canary = tmp_path / "canary"
+    canary.write_text("CANARY-SECRET\n")
+    with transaction(sessions) as s:
+        task = s.get(TaskModel, task_id)
+        assert task is not None
+        Path(task.run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(task.run_dir) / "service_token").symlink_to(canary)
+    r = client.get(f"/proxy/{task_id}/echo", headers=alice)
+    assert r.status_code == 200 and "CANARY" not in r.text
+    with transaction(sessions) as s:
+        task = s.get(TaskModel, task_id)
+        assert task is not None
+        task.service_token = None
+    proxy.targets(client.app.state.det).forget(task_id)  # type: ignore[attr-defined]
+    r = client.get(f"/proxy/{task_id}/echo", headers=alice)
+    assert (r.status_code, r.json()["code"]) == (502, "no_token") and "CANARY" not in r.text
+
+
+@pytest.mark.parametrize(
+    "path", ["..%2F..%2Fsecret", "a/..%2F..%2F..%2Fsecret", "%2e%2e/%2e%2e/secret", "%252e%252e%252fsecret",
+             "..%5C..%5Csecret", "a/%2E/b"],
+)  # fmt: skip
+def test_a_path_cannot_leave_the_tasks_prefix(
+    client: TestClient, sessions: sessionmaker[Session], upstream: tuple[str, Starlette], path: str
+) -> None:
+    """Dot segments, however encoded, are refused before anything is forwarded (issue 32, item 4)."""
+    alice = login(client)
+    task_id = _running_notebook(client, sessions, alice, upstream[0])
+    seen = len(upstream[1].state.seen)
+    r = client.get(f"/proxy/{task_id}/{path}", headers=alice)
+    assert (r.status_code, r.json()["code"]) == (400, "bad_path"), r.text
+    assert len(upstream[1].state.seen) == seen  # the server was not asked
+    kept = client.get(f"/proxy/{task_id}/a%2Fb/c..d/%2e%2e.txt?x=..%2F", headers=alice)
+    assert kept.status_code == 200 and kept.json()["path"] == f"/proxy/{task_id}/a/b/c..d/...txt"

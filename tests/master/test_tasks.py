@@ -297,6 +297,7 @@ def test_a_tensorboard_serves_the_trials_directories_from_the_records(world: Wor
     ]  # fmt: skip
     token = run_dir / "service_token"
     assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text().strip()) >= 32
+    assert token.read_text().strip() == world.task(tb["id"]).service_token  # the proxy's copy is the record
     assert "gpu" not in world.cluster.job(world.job_id(tb["id"])).script  # a TensorBoard needs no GPU
     bob = make_user(world.client, world.admin, "bob")
     for body, status in [
@@ -322,7 +323,7 @@ def test_a_server_is_ready_once_its_port_answers_and_an_idle_one_is_ended(world:
     task_id = r.json()["tensorboard"]["id"]
     world.tick()
     job_id = world.job_id(task_id)
-    world.cluster.start(job_id)
+    world.cluster.start(job_id, nodes="localhost")  # the node Slurm placed the job on
     world.tick()
     assert not world.client.get(f"/api/v1/tensorboards/{task_id}", headers=world.admin).json()["tensorboard"][
         "isReady"
@@ -332,11 +333,12 @@ def test_a_server_is_ready_once_its_port_answers_and_an_idle_one_is_ended(world:
         listener.listen()
         port = listener.getsockname()[1]
         run_dir = Path(world.task(task_id).run_dir)
-        (run_dir / "service.json").write_text(json.dumps({"host": "127.0.0.1", "port": port, "pid": 1}))
+        # The job's file names a host of the user's choosing: only its port is used, on Slurm's node.
+        (run_dir / "service.json").write_text(json.dumps({"host": "203.0.113.9", "port": port, "pid": 1}))
         world.tick()
     tb = world.client.get(f"/api/v1/tensorboards/{task_id}", headers=world.admin).json()["tensorboard"]
     assert tb["isReady"] and tb["serviceAddress"] == f"/proxy/{task_id}/"
-    assert world.task(task_id).service_address == f"127.0.0.1:{port}"
+    assert world.task(task_id).service_address == f"localhost:{port}"
     now = world.task(task_id).last_activity
     assert now is not None
     assert world.driver.end_idle(now + dt.timedelta(seconds=299)) == 0
