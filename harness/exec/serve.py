@@ -1,41 +1,34 @@
 """What a notebook's or TensorBoard's job runs: ``python -m harness.exec.serve {notebook|tensorboard} [ARG...]``.
 
-1. picks a free port on the node and the address the master reaches the node at (the source address of a
-   route to the master);
-2. writes ``service.json`` (``{"host", "port", "pid"}``) atomically into ``$DET_RUN_DIR``: the master proxies
-   ``/proxy/<task id>/`` there once the port answers;
-3. execs the server, bound to that port, serving under ``/proxy/<task id>/`` and requiring the token in
-   ``$DET_RUN_DIR/service_token`` (0600, written by the master, which adds it to every request it proxies;
-   given to the server in its environment, never on its command line, which every user of the node can read).
-   TensorBoard has no token of its own: it listens on loopback, behind a small door (``forwarder``) on the
-   node's port that checks the token, and ``service.json`` is written once TensorBoard answers.
+1. starts the server on a Unix socket in a directory of its own (0700, on the node): Jupyter with
+   ``--ServerApp.sock`` and the token in ``$DET_RUN_DIR/service_token`` (given in its environment, never on its
+   command line, which every user of the node can read); TensorBoard's WSGI app in ``serve_tensorboard``.
+   Nothing listens on TCP but the door, loopback included;
+2. once the server answers, opens the door (``serve_door``) on a port of the system's choosing: it proves to
+   the master that it holds the task's token (HMAC of a nonce) and lets through only requests carrying it;
+3. writes ``service.json`` (``{"host", "port", "pid"}``) atomically into ``$DET_RUN_DIR``: the master proxies
+   ``/proxy/<task id>/`` to that port on the node Slurm placed the job on, once the door proved itself.
 
 Standard library only.
 """
 
 from __future__ import annotations
 
-import hmac
-import http.client
-import http.server
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 from urllib.parse import urlsplit
 
+from harness.exec.serve_door import open_door, unix_socket_answers
+
 SERVICE_FILE = "service.json"
 TOKEN_FILE = "service_token"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("0.0.0.0", 0))
-        return int(s.getsockname()[1])
 
 
 def address_towards(master_url: str) -> str:
@@ -51,107 +44,44 @@ def address_towards(master_url: str) -> str:
 
 
 def server_argv(
-    kind: str, python: str, port: int, base_url: str, workdir: str, extra: list[str]
+    kind: str, python: str, socket_path: str, base_url: str, workdir: str, extra: list[str]
 ) -> list[str]:
+    """The server's command line: it listens on `socket_path` only (``serve_door`` is its port)."""
     if kind == "notebook":
         return [
-            python, "-m", "jupyterlab", "--no-browser", "--ip=0.0.0.0", f"--port={port}",
-            f"--ServerApp.base_url={base_url}", f"--ServerApp.root_dir={workdir}",
-            "--ServerApp.allow_remote_access=True", "--ServerApp.port_retries=0",
+            python, "-m", "jupyterlab", "--no-browser", f"--ServerApp.sock={socket_path}",
+            "--ServerApp.sock_mode=0600", f"--ServerApp.base_url={base_url}", f"--ServerApp.root_dir={workdir}",
+            "--ServerApp.allow_remote_access=True",
             # Clusters are air-gapped: no announcements feed, no update check against PyPI.
             "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", *extra,
         ]  # fmt: skip
-    if kind == "tensorboard":  # on loopback only: TensorBoard has no token; `forward` is its door
+    if kind == "tensorboard":
         return [
-            python, "-m", "tensorboard.main", "--host=127.0.0.1", f"--port={port}",
+            python, "-m", "harness.exec.serve_tensorboard", socket_path,
             f"--path_prefix={base_url.rstrip('/')}", *extra,
         ]  # fmt: skip
     raise SystemExit(f"error: unknown service {kind!r} (notebook or tensorboard)")
 
 
-def forwarder(token: str, inner_port: int) -> type[http.server.BaseHTTPRequestHandler]:
-    """A request handler that lets through only requests carrying ``Authorization: token <token>`` and
-    relays them to ``127.0.0.1:inner_port`` (TensorBoard: plain HTTP, modest responses)."""
-    want = f"token {token}".encode()
-
-    class Forward(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def _forward(self) -> None:
-            got = (self.headers.get("Authorization") or "").encode()
-            if not hmac.compare_digest(got, want):
-                self._answer(403, [("Content-Type", "text/plain")], b"this server wants its token\n")
-                return
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else None
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-            conn = http.client.HTTPConnection("127.0.0.1", inner_port, timeout=300)
-            try:
-                conn.request(self.command, self.path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                kept = [(k, v) for k, v in resp.getheaders() if k.lower() not in _HOP | {"content-length"}]
-                self._answer(resp.status, kept, data)
-            except OSError as e:
-                self._answer(502, [("Content-Type", "text/plain")], f"TensorBoard: {e}\n".encode())
-            finally:
-                conn.close()
-
-        def _answer(self, status: int, headers: list[tuple[str, str]], data: bytes) -> None:
-            self.send_response(status)
-            for k, v in headers:
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(data)
-
-        do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = _forward
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    return Forward
-
-
-_HOP = frozenset({"authorization", "connection", "keep-alive", "host", "transfer-encoding", "te", "upgrade"})
-
-
-def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
+def wait_socket(path: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"error: the server exited with code {proc.returncode} before it answered")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"error: the server did not answer on port {port} in {timeout_s:.0f} s")
+        if unix_socket_answers(path):
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"error: the server did not answer on {path} in {timeout_s:.0f} s")
 
 
 def write_service(run_dir: str, host: str, port: int) -> None:
+    """``service.json``: the door's port (the master takes the host from Slurm, and believes the port once
+    the door proves it holds the task's token)."""
     record = {"host": host, "port": port, "pid": os.getpid()}
     tmp = os.path.join(run_dir, f".{SERVICE_FILE}.{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(record, f)
     os.replace(tmp, os.path.join(run_dir, SERVICE_FILE))
-
-
-def serve_behind_forwarder(argv: list[str], env: dict[str, str], token: str, inner: int, run_dir: str) -> int:
-    """Start the server on loopback, and once it answers, the token-checking door on every interface."""
-    proc = subprocess.Popen(argv, env=env)
-    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
-    signal.signal(signal.SIGINT, lambda *_: proc.terminate())
-    wait_port(inner, proc)
-    door = http.server.ThreadingHTTPServer(("0.0.0.0", 0), forwarder(token, inner))
-    door.daemon_threads = True
-    threading.Thread(target=door.serve_forever, daemon=True).start()
-    outer = int(door.server_address[1])
-    host = address_towards(env.get("DET_MASTER", ""))
-    write_service(run_dir, host, outer)
-    print(f"[serve] tensorboard on {host}:{outer}", flush=True)
-    return proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,18 +93,28 @@ def main(argv: list[str] | None = None) -> int:
     task_id = os.environ["DET_TASK_ID"]
     with open(os.path.join(run_dir, TOKEN_FILE), encoding="utf-8") as f:
         token = f.read().strip()
-    port = free_port()
     base_url = f"/proxy/{task_id}/"
-    argv_ = server_argv(kind, sys.executable, port, base_url, os.getcwd(), extra)
+    private = tempfile.mkdtemp(prefix="det-serve-")  # 0700, on the node: only this user enters it
+    socket_path = os.path.join(private, "server.sock")
+    argv_ = server_argv(kind, sys.executable, socket_path, base_url, os.getcwd(), extra)
     env = dict(os.environ)
     env.pop("DET_SESSION_TOKEN", None)
-    if kind == "tensorboard":
-        return serve_behind_forwarder(argv_, env, token, port, run_dir)
-    env["JUPYTER_TOKEN"] = token
-    host = address_towards(env.get("DET_MASTER", ""))
-    write_service(run_dir, host, port)
-    print(f"[serve] {kind} on {host}:{port}, proxied at {base_url}", flush=True)
-    os.execvpe(argv_[0], argv_, env)
+    if kind == "notebook":
+        env["JUPYTER_TOKEN"] = token  # in the environment: a command line is every node user's to read
+    proc = subprocess.Popen(argv_, env=env)
+    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    signal.signal(signal.SIGINT, lambda *_: proc.terminate())
+    try:
+        wait_socket(socket_path, proc)
+        port = open_door(token, base_url, socket_path)
+        host = address_towards(env.get("DET_MASTER", ""))
+        write_service(run_dir, host, port)
+        print(f"[serve] {kind} on {host}:{port}, proxied at {base_url}", flush=True)
+        return proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        shutil.rmtree(private, ignore_errors=True)
 
 
 if __name__ == "__main__":

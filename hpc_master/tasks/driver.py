@@ -8,11 +8,12 @@ and a task so marked with no job id is looked for by its job comment before anot
 from __future__ import annotations
 
 import datetime as dt
+import hmac
+import http.client
 import logging
 import os
 import posixpath
 import secrets
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -23,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 import userfiles
 from harness.exec.job_nodes import expand_nodelist
 from harness.exec.job_plan import EXIT_FILE
+from harness.exec.serve_door import PROOF_NAME, proof
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import TaskModel, UserModel, utcnow
 from hpc_master.errors import ClientError, SlurmError
@@ -291,7 +293,7 @@ class TaskDriver:
         return ended
 
     def _update(self, task_id: str, status: JobStatus) -> None:
-        discover: tuple[str, str] | None = None
+        discover: tuple[str, str, str] | None = None
         with self._tx() as s:
             task = s.get(TaskModel, task_id)
             if task is None:
@@ -301,7 +303,7 @@ class TaskDriver:
                 and task.service_address is None
                 and TaskType(task.task_type) in SERVICE_TYPES
             ):
-                discover = (task.run_dir, status.node_list or task.node_list or "")
+                discover = (task.run_dir, status.node_list or task.node_list or "", task.service_token or "")
             if status.outcome is Outcome.RUNNING:
                 if task.state == TaskState.QUEUED:
                     task.state = TaskState.RUNNING.value
@@ -312,8 +314,9 @@ class TaskDriver:
             elif status.outcome is Outcome.PENDING and task.pending_reason != status.reason:
                 task.pending_reason = status.reason
         if discover is not None:
-            run_dir, nodes = discover
-            address = service_address(self.job_storage_root, posixpath.join(run_dir, SERVICE_FILE), nodes)
+            run_dir, nodes, token = discover
+            service_file = posixpath.join(run_dir, SERVICE_FILE)
+            address = service_address(self.job_storage_root, service_file, nodes, task_id, token)
             if address is not None:
                 with self._tx() as s:
                     task = s.get(TaskModel, task_id)
@@ -389,12 +392,17 @@ def idle_timeout_s(task: TaskModel, tensorboard_timeout_s: int | None) -> int | 
     return tensorboard_timeout_s if task.task_type == TaskType.TENSORBOARD else None
 
 
-def service_address(anchor: str, path: str, node_list: str, timeout_s: float = 0.5) -> str | None:
-    """``node:port`` once something accepts connections there, else None: the node is where Slurm placed the
-    job (`node_list`, from squeue), the port is the job's ``service.json``'s (below `anchor`). The file's
-    ``host`` is never used: a user writes that file, and the proxy must not reach wherever they say."""
+def service_address(
+    anchor: str, path: str, node_list: str, task_id: str, token: str, timeout_s: float = 0.5
+) -> str | None:
+    """``node:port`` once the task's server answers there and proves it holds the task's token, else None.
+
+    The node is where Slurm placed the job (`node_list`, from squeue); the port is the job's ``service.json``'s
+    (below `anchor`), believed only once the door there answers a fresh nonce with HMAC(token, nonce)
+    (``harness.exec.serve_door``): the file is the user's to write, and the proxy must reach nothing but
+    this task's own server. The file's ``host`` is never used."""
     nodes = expand_nodelist(node_list) if node_list else []
-    if len(nodes) != 1:
+    if len(nodes) != 1 or not token:
         return None
     host = nodes[0]
     info = read_exit(anchor, path)
@@ -403,10 +411,18 @@ def service_address(anchor: str, path: str, node_list: str, timeout_s: float = 0
     port = info.get("port")
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         return None
+    nonce = secrets.token_hex(16)
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            pass
-    except OSError:
+        conn.request("GET", f"/proxy/{task_id}/{PROOF_NAME}?nonce={nonce}")
+        response = conn.getresponse()
+        answer = response.read(256)
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+    if response.status != 200 or not hmac.compare_digest(answer, proof(token, nonce).encode()):
+        log.warning("task %s: %s:%s does not prove it is the task's server", task_id, host, port)
         return None
     return f"{host}:{port}"
 

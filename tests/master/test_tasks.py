@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from harness.exec import serve_door
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import TaskModel
 from hpc_master.lifecycle.jobs import PLATFORM_ROOT
@@ -312,7 +313,9 @@ def test_a_tensorboard_serves_the_trials_directories_from_the_records(world: Wor
                              "experimentIds": [1]}).status_code == 400  # fmt: skip
 
 
-def test_a_server_is_ready_once_its_port_answers_and_an_idle_one_is_ended(world: World) -> None:
+def test_a_server_is_ready_once_its_door_proves_the_token_and_an_idle_one_is_ended(
+    world: World, tmp_path: Path
+) -> None:
     import datetime as dt
     import socket
 
@@ -328,14 +331,24 @@ def test_a_server_is_ready_once_its_port_answers_and_an_idle_one_is_ended(world:
     assert not world.client.get(f"/api/v1/tensorboards/{task_id}", headers=world.admin).json()["tensorboard"][
         "isReady"
     ]
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        port = listener.getsockname()[1]
-        run_dir = Path(world.task(task_id).run_dir)
-        # The job's file names a host of the user's choosing: only its port is used, on Slurm's node.
+    run_dir = Path(world.task(task_id).run_dir)
+
+    def announce(port: int) -> None:
+        # The job's file names a host of the user's choosing: only its port counts, on Slurm's node.
         (run_dir / "service.json").write_text(json.dumps({"host": "203.0.113.9", "port": port, "pid": 1}))
         world.tick()
+
+    with socket.socket() as listener:  # something answers on the port, but not the task's server
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        announce(listener.getsockname()[1])
+    impostor = serve_door.open_door("not-the-token", f"/proxy/{task_id}/", str(tmp_path / "none.sock"))
+    announce(impostor)
+    assert world.task(task_id).service_address is None  # neither proved it holds the task's token
+    token = world.task(task_id).service_token
+    assert token
+    port = serve_door.open_door(token, f"/proxy/{task_id}/", str(tmp_path / "none.sock"))
+    announce(port)
     tb = world.client.get(f"/api/v1/tensorboards/{task_id}", headers=world.admin).json()["tensorboard"]
     assert tb["isReady"] and tb["serviceAddress"] == f"/proxy/{task_id}/"
     assert world.task(task_id).service_address == f"localhost:{port}"
