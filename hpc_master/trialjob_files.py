@@ -46,3 +46,15 @@ def write_bytes(
     name and renamed. Not fsynced: see write_run_dir."""
     parts = userfiles.relative_parts(anchor, path)
     userfiles.write_file(anchor, parts, data, mode=mode, uid=uid, gid=gid)
+
+
+def make_tensorboard_dir(checkpoint_root: str, experiment_id: int, uid: int, gid: int | None) -> None:
+    """``tensorboard/experiment/<id>`` under the master's checkpoint root, the experiment's user's, before its
+    first trial writes there; the two directories above it stay the master's (0755), so that no user creates,
+    renames or fills another's (Determined's layout: ``harness.exec.job_plan.tensorboard_path``)."""
+    os.makedirs(checkpoint_root, exist_ok=True)  # the master's own (its configuration)
+    shared = ("tensorboard", "experiment")
+    userfiles.make_dirs(checkpoint_root, shared, mode=0o755, uid=os.geteuid(), keep=len(shared))
+    userfiles.make_dirs(
+        checkpoint_root, (*shared, str(experiment_id)), mode=0o750, uid=uid, gid=gid, keep=len(shared)
+    )

@@ -64,26 +64,37 @@ def open_dir(
     mode: int = 0o750,
     uid: int | None = None,
     gid: int | None = None,
+    keep: int = 0,
 ) -> int:
     """A descriptor of the directory ``anchor/parts…``, each component opened without following a link.
 
-    With `create`, missing components are made (`mode`, less the umask); with `uid`, each component of `parts` is
+    With `create`, missing components are made with exactly `mode`; with `uid`, each component of `parts` is
     then owned by `uid` (and `gid`): chowned through its own descriptor when it is still the caller's, refused
-    when it belongs to anyone else. The caller closes the descriptor."""
+    when it belongs to anyone else; except the first `keep` components, which must stay the caller's (shared
+    parents that no user may rename or fill). The caller closes the descriptor."""
     fd = os.open(anchor, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        for name in parts:
+        for index, name in enumerate(parts):
             _check_name(name)
+            made = False
             if create:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(name, mode, dir_fd=fd)
+                    made = True
             try:
                 child = os.open(name, _DIR_FLAGS, dir_fd=fd)
             except OSError as e:
                 raise _refuse_link(e, name) from None
             os.close(fd)
             fd = child
-            if uid is not None:
+            if made:
+                os.fchmod(fd, mode)  # exactly `mode`, whatever the umask
+            if uid is not None and index < keep:
+                if os.fstat(fd).st_uid != os.geteuid():
+                    raise UnsafePathError(
+                        errno.EPERM, f"must be uid {os.geteuid()}'s, not another account's", name
+                    )
+            elif uid is not None:
                 _own(fd, name, uid, gid)
         return fd
     except BaseException:
@@ -107,9 +118,11 @@ def make_dirs(
     mode: int = 0o750,
     uid: int | None = None,
     gid: int | None = None,
+    keep: int = 0,
 ) -> None:
-    """``anchor/parts…`` exists, each component a real directory (owned by `uid`/`gid` when given)."""
-    os.close(open_dir(anchor, parts, create=True, mode=mode, uid=uid, gid=gid))
+    """``anchor/parts…`` exists, each component a real directory (owned by `uid`/`gid` when given, but for the
+    first `keep`: see ``open_dir``)."""
+    os.close(open_dir(anchor, parts, create=True, mode=mode, uid=uid, gid=gid, keep=keep))
 
 
 def _open_file(anchor: StrPath, parts: Sequence[str]) -> tuple[int, os.stat_result]:
@@ -132,7 +145,9 @@ def _open_file(anchor: StrPath, parts: Sequence[str]) -> tuple[int, os.stat_resu
     if os.geteuid() == 0 and st.st_uid != dir_owner:
         os.close(fd)
         raise UnsafePathError(
-            errno.EPERM, f"owned by uid {st.st_uid}, in a directory of uid {dir_owner} (never read)", parts[-1]
+            errno.EPERM,
+            f"owned by uid {st.st_uid}, in a directory of uid {dir_owner} (never read)",
+            parts[-1],
         )
     return fd, st
 

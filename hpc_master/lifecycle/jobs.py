@@ -63,11 +63,12 @@ from hpc_master.trialjob import (
     JobPaths,
     TrialJobInputs,
     build_trial_job,
+    checkpoint_root_of,
     job_comment,
     pool_from_master_config,
     run_dirs,
 )
-from hpc_master.trialjob_files import write_bytes, write_run_dir
+from hpc_master.trialjob_files import make_tensorboard_dir, write_bytes, write_run_dir
 from slurm_backend import JobStatus, Outcome, Poller, SlurmCli
 from slurm_backend.cli import SlurmUnavailableError, SubmitLimitError
 
@@ -358,6 +359,9 @@ class JobDriver:
                 cluster_id=self.cluster_id,
             )
             write_run_dir(plan, self.job_storage_root, uid=uid, gid=gid)
+            master_root = str(self.config.checkpoint_dir())
+            if uid is not None and checkpoint_root_of(config, master_root) == master_root:
+                make_tensorboard_dir(master_root, sub.experiment_id, uid, gid)  # a root master, its storage
             _ensure_image_cache(plan.plan)
             if sub.has_context:
                 self._write_context_once(sub.experiment_id, Path(context_path), uid, gid)

@@ -147,3 +147,22 @@ def test_as_root_only_the_directory_owners_files_are_read_and_chown_goes_through
     with pytest.raises(userfiles.UnsafePathError):
         userfiles.make_dirs(root, ("exp-9", "trial-1"), uid=user, gid=user)
     assert other.stat().st_uid == 12345
+
+
+@pytest.mark.root
+def test_as_root_tensorboard_parents_stay_the_masters_and_each_experiment_is_its_users(tmp_path: Path) -> None:
+    """Issue 32 item 7: the first trial no longer creates ``tensorboard/experiment`` as its user."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    from hpc_master.trialjob_files import make_tensorboard_dir
+
+    root = tmp_path / "checkpoints"
+    make_tensorboard_dir(str(root), 1, 65534, 65534)
+    make_tensorboard_dir(str(root), 2, 4242, 4242)
+    shared = root / "tensorboard" / "experiment"
+    assert [(p.stat().st_uid, p.stat().st_mode & 0o777) for p in (shared.parent, shared)] == [(0, 0o755)] * 2
+    assert [(shared / n).stat().st_uid for n in ("1", "2")] == [65534, 4242]
+    os.chown(shared, 4242, 4242)  # a user got hold of it (an older master let the first trial create it)
+    with pytest.raises(userfiles.UnsafePathError, match="must be uid 0"):
+        make_tensorboard_dir(str(root), 3, 65534, 65534)
+    assert not (shared / "3").exists()
