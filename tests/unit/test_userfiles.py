@@ -150,7 +150,9 @@ def test_as_root_only_the_directory_owners_files_are_read_and_chown_goes_through
 
 
 @pytest.mark.root
-def test_as_root_tensorboard_parents_stay_the_masters_and_each_experiment_is_its_users(tmp_path: Path) -> None:
+def test_as_root_tensorboard_parents_stay_the_masters_and_each_experiment_is_its_users(
+    tmp_path: Path,
+) -> None:
     """Issue 32 item 7: the first trial no longer creates ``tensorboard/experiment`` as its user."""
     if os.geteuid() != 0:
         pytest.skip("needs root")
