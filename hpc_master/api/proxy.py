@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 router = APIRouter(include_in_schema=False)
 
 TARGET_TTL_S = 2.0
+WS_RECHECK_S = 5.0
+"""An open WebSocket's session is checked again this often: a logout, a deactivation or the task's end closes
+it within this (Jupyter's terminals and kernels otherwise outlive them)."""
 ACTIVITY_WRITE_S = 10.0  # idle timeouts are this precise; a busy page writes once per this
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
@@ -368,7 +371,19 @@ async def proxy_ws(websocket: WebSocket, task_id: str, path: str) -> None:
             await asyncio.sleep(ACTIVITY_WRITE_S)
             await run_in_threadpool(_touch, state, task_id)
 
-    pumps = [asyncio.create_task(c) for c in (downstream(), upstream_pump(), keep_active())]
+    token, by_cookie = _token(websocket.headers, dict(websocket.cookies))
+
+    async def recheck() -> None:
+        while True:
+            await asyncio.sleep(WS_RECHECK_S)
+            try:
+                await run_in_threadpool(_lookup, state, token, task_id, by_cookie)
+            except ProxyError as err:
+                ended.append(err.message)
+                return
+
+    ended: list[str] = []
+    pumps = [asyncio.create_task(c) for c in (downstream(), upstream_pump(), keep_active(), recheck())]
     try:
         await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -377,7 +392,10 @@ async def proxy_ws(websocket: WebSocket, task_id: str, path: str) -> None:
         code = upstream.close_code or 1000
         await upstream.close()
         with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-            await websocket.close(code=1001 if code in (1005, 1006) else code)
+            if ended:  # the session or the task ended: policy violation, with why
+                await websocket.close(code=1008, reason=ended[0][:120])
+            else:
+                await websocket.close(code=1001 if code in (1005, 1006) else code)
 
 
 async def close(state: AppState) -> None:

@@ -318,3 +318,32 @@ def test_a_path_cannot_leave_the_tasks_prefix(
     assert len(upstream[1].state.seen) == seen  # the server was not asked
     kept = client.get(f"/proxy/{task_id}/a%2Fb/c..d/%2e%2e.txt?x=..%2F", headers=alice)
     assert kept.status_code == 200 and kept.json()["path"] == f"/proxy/{task_id}/a/b/c..d/...txt"
+
+
+@pytest.mark.parametrize("how", ["logout", "deactivate"])
+def test_an_open_websocket_is_closed_once_its_session_ends(
+    client: TestClient,
+    sessions: sessionmaker[Session],
+    upstream: tuple[str, Starlette],
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+) -> None:
+    """A Jupyter terminal stays open no longer than its user's session (issue 32, item 10); the recheck
+    period is shortened here from WS_RECHECK_S (5 s)."""
+    monkeypatch.setattr(proxy, "WS_RECHECK_S", 0.2)
+    admin = login(client)
+    alice = make_user(client, admin, "alice")
+    task_id = _running_notebook(client, sessions, alice, upstream[0])
+    with client.websocket_connect(
+        f"/proxy/{task_id}/ws", headers=alice, subprotocols=["v1.kernel.websocket.jupyter.org"]
+    ) as ws:
+        ws.send_text("ls")
+        assert ws.receive_text() == "echo:ls"
+        if how == "logout":
+            assert client.post("/api/v1/auth/logout", headers=alice).status_code == 200
+        else:
+            user_id = client.get("/api/v1/me", headers=alice).json()["user"]["id"]
+            r = client.patch(f"/api/v1/users/{user_id}", headers=admin, json={"active": False})
+            assert r.status_code == 200, r.text
+        closed = ws.receive()
+    assert closed["type"] == "websocket.close" and closed["code"] == 1008, closed
