@@ -69,13 +69,14 @@ def experiment_to_api(
     username: str,
     trial_ids: list[int] | None = None,
     *,
+    viewer: Principal,
     with_config: bool = True,
-    reveal: bool = True,
     storage: StorageTotals | None = None,
 ) -> dict[str, Any]:
-    """`reveal`: the caller owns the experiment or is an admin; others see the config with secret-looking
-    values masked (``services.redact``), and the original text as the masked config's YAML. `storage`: its
-    checkpoints' totals (``checkpointSize``, ``checkpointCount``, ...), when the caller read them."""
+    """`viewer`: who asks. The experiment's owner and admins see its config and original text; others see the
+    config as ``redact.shown`` gives it (secret-looking values masked), and the original text as that masked
+    config's YAML. `storage`: its checkpoints' totals (``checkpointSize``, ``checkpointCount``, ...), when the
+    caller read them."""
     searcher = experiment.config.get("searcher") or {}
     out: dict[str, Any] = {
         "id": experiment.id,
@@ -109,12 +110,14 @@ def experiment_to_api(
         out["numTrials"] = len(trial_ids)
     if storage is not None:
         out.update(storage.experiment_fields())
-    if with_config and reveal:
-        out["config"] = experiment.config
-        out["originalConfig"] = experiment.config_text
-    elif with_config:
-        out["config"] = redact.masked_config(experiment.config)
-        out["originalConfig"] = yaml.dump(out["config"], Dumper=_YAML_DUMPER, sort_keys=False)
+    if with_config:
+        config = redact.shown(experiment.config, viewer, experiment.owner_id)
+        out["config"] = config
+        # The text as submitted only with the config itself (shown unmasked); else the masked config's YAML.
+        unmasked = config is experiment.config
+        out["originalConfig"] = (
+            experiment.config_text if unmasked else yaml.dump(config, Dumper=_YAML_DUMPER, sort_keys=False)
+        )
     return out
 
 
@@ -140,15 +143,21 @@ def run_to_api(run: TrialRunModel) -> dict[str, Any]:
 
 
 def trial_to_api(
-    trial: TrialModel, runs: list[TrialRunModel] | None = None, *, storage: StorageTotals | None = None
+    trial: TrialModel,
+    viewer: Principal,
+    owner_id: int,
+    runs: list[TrialRunModel] | None = None,
+    *,
+    storage: StorageTotals | None = None,
 ) -> dict[str, Any]:
+    """`viewer`: who asks; `owner_id`: the trial's experiment's owner (``redact.shown`` of the hparams)."""
     out: dict[str, Any] = {
         "id": trial.id,
         "experimentId": trial.experiment_id,
         "requestId": trial.request_id,
         "state": api_state(trial.state),
         "restarts": trial.restarts,
-        "hparams": trial.hparams,
+        "hparams": redact.shown(trial.hparams, viewer, owner_id),
         "seed": trial.seed,
         "totalBatchesProcessed": trial.steps_completed,
         "stepsCompleted": trial.steps_completed,
@@ -202,9 +211,10 @@ def checkpoints_to_api(
 
     ``training`` carries what Determined's client requires: ``experimentConfig`` (the experiment's config,
     its ``checkpoint_storage`` the one its jobs used: `default_root`, ``MasterConfig.checkpoint_dir()``,
-    when the config names none; masked (``services.redact``) for anyone but the owner and admins, as ``GET
-    /experiments/{id}`` masks it), and ``validationMetrics`` (``{"avgMetrics": ...}``, the validation at the
-    checkpoint's steps) with ``searcherMetric``, its value of the searcher metric."""
+    when the config names none) and the trial's ``hparams``, both as ``redact.shown`` gives them to
+    `principal` (as ``GET /experiments/{id}`` and ``GET /trials/{id}`` do), and ``validationMetrics``
+    (``{"avgMetrics": ...}``, the validation at the checkpoint's steps) with ``searcherMetric``, its value of
+    the searcher metric."""
     configs: dict[int, dict[str, Any]] = {}
     out = []
     for view in views:
@@ -212,9 +222,9 @@ def checkpoints_to_api(
         if experiment.id not in configs:
             config = dict(experiment.config or {})
             config["checkpoint_storage"] = ckpts.effective_storage(config, default_root)
-            reveal = principal.admin or experiment.owner_id == principal.user_id
-            configs[experiment.id] = config if reveal else redact.masked_config(config)
-        out.append(_checkpoint_json(view, configs[experiment.id]))
+            configs[experiment.id] = redact.shown(config, principal, experiment.owner_id)
+        hparams = redact.shown(view.trial.hparams, principal, experiment.owner_id)
+        out.append(_checkpoint_json(view, configs[experiment.id], hparams))
     return out
 
 
@@ -222,7 +232,9 @@ def checkpoint_to_api(view: CheckpointView, principal: Principal, default_root: 
     return checkpoints_to_api([view], principal, default_root)[0]
 
 
-def _checkpoint_json(view: CheckpointView, experiment_config: dict[str, Any]) -> dict[str, Any]:
+def _checkpoint_json(
+    view: CheckpointView, experiment_config: dict[str, Any], hparams: dict[str, Any]
+) -> dict[str, Any]:
     ckpt, trial = view.checkpoint, view.trial
     out: dict[str, Any] = {
         "uuid": ckpt.uuid,
@@ -246,7 +258,7 @@ def _checkpoint_json(view: CheckpointView, experiment_config: dict[str, Any]) ->
         "trialId": ckpt.trial_id,
         "trialRunId": ckpt.trial_run_id,
         "experimentId": trial.experiment_id,
-        "hparams": trial.hparams,
+        "hparams": hparams,
         "experimentConfig": experiment_config,
         "validationMetrics": metrics_to_api(view.validation),
         "searcherMetric": view.searcher_metric,

@@ -62,7 +62,11 @@ def patch(
         totals = experiment_totals(session, [experiment_id]).get(experiment_id)
         answer = {
             "experiment": convert.experiment_to_api(
-                experiment, owner.username, sorted(trial_ids), storage=totals or StorageTotals()
+                experiment,
+                owner.username,
+                sorted(trial_ids),
+                viewer=principal,
+                storage=totals or StorageTotals(),
             )
         }
     notify.changed()  # the loop collects under the new policy at once

@@ -78,7 +78,7 @@ def create_experiment(
         if experiment is None:  # validate only: Determined's master answers an empty experiment
             return {"experiment": convert.unsaved_experiment(), "config": parsed.config, **warnings}
         answer = {
-            "experiment": convert.experiment_to_api(experiment, principal.username, []),
+            "experiment": convert.experiment_to_api(experiment, principal.username, [], viewer=principal),
             "config": parsed.config,
             **warnings,
         }
@@ -127,7 +127,7 @@ def list_experiments(
                 username,
                 trial_ids[e.id],
                 # Determined's client requires each experiment's config (masked for others' experiments).
-                reveal=principal.admin or e.owner_id == principal.user_id,
+                viewer=principal,
                 storage=totals.get(e.id, StorageTotals()),
             )
             for e, username in rows
@@ -139,11 +139,10 @@ def list_experiments(
 def get_experiment(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         experiment, username = exps.get_experiment(session, experiment_id)
-        reveal = principal.admin or experiment.owner_id == principal.user_id
         totals = experiment_totals(session, [experiment_id]).get(experiment_id, StorageTotals())
         return {
             "experiment": convert.experiment_to_api(
-                experiment, username, _trial_ids(session, experiment_id), reveal=reveal, storage=totals
+                experiment, username, _trial_ids(session, experiment_id), viewer=principal, storage=totals
             ),
             "jobSummary": None,
             "trialCounts": exps.trial_counts(session, experiment_id),
@@ -228,10 +227,13 @@ def experiment_trials(
     experiment_id: Id, state: State, principal: UserPrincipal, offset: Offset = 0, limit: Limit = 0
 ) -> dict[str, Any]:
     with state.tx() as session:
-        get_or_404(session, ExperimentModel, experiment_id, "experiment")
+        experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
         stmt = select(TrialModel).where(TrialModel.experiment_id == experiment_id).order_by(TrialModel.id)
         trials = list(session.scalars(stmt))
         page = trials[offset:] if limit <= 0 else trials[offset : offset + limit]
         totals = trial_totals_of_experiment(session, experiment_id)
-        items = [convert.trial_to_api(t, storage=totals.get(t.id, StorageTotals())) for t in page]
+        items = [
+            convert.trial_to_api(t, principal, experiment.owner_id, storage=totals.get(t.id, StorageTotals()))
+            for t in page
+        ]
     return {"trials": items, "pagination": convert.pagination(offset, limit, len(trials), len(items))}

@@ -45,7 +45,8 @@ def get_trial(trial_id: Id, state: State, principal: UserPrincipal) -> dict[str,
             )
         )
         totals = trial_totals(session, [trial_id]).get(trial_id, StorageTotals())
-        return {"trial": convert.trial_to_api(trial, runs, storage=totals)}
+        owner_id = exps.owner_id_of(session, trial.experiment_id)
+        return {"trial": convert.trial_to_api(trial, principal, owner_id, runs, storage=totals)}
 
 
 @router.post("/trials/{trial_id}/kill")

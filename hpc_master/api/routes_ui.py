@@ -28,10 +28,11 @@ from hpc_master.api import convert, routes_ui_live
 from hpc_master.api.bounds import INT32_MAX, Count64, Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.db.models import ExperimentModel, TrialModel, UserModel
+from hpc_master.services import redact
 from hpc_master.services import webui as ui
 from hpc_master.services.common import get_or_404
 from hpc_master.services.curves import CurveCache, ExperimentCurves
-from hpc_master.services.experiments import searcher_metric
+from hpc_master.services.experiments import owner_id_of, searcher_metric
 from slurm_backend.cli import SlurmCli
 from slurm_backend.cluster_view import DEFAULT_TTL_S, CachedClusterView, ClusterView
 from webui import ASSETS_DIR
@@ -123,13 +124,14 @@ async def metric_names(
         message, by_group = names()
         return (message if by_group != cursor else None), by_group
 
-    await run_in_threadpool(_exists, state, experiment_id)
+    await run_in_threadpool(_owner_of, state, experiment_id)  # 404 before the stream starts
     return _stream(names, changed, period_s)
 
 
-def _exists(state: State, experiment_id: int) -> None:
+def _owner_of(state: State, experiment_id: int) -> int:
+    """The experiment's owner (``redact.shown`` of its trials' hparams); 404 when there is no experiment."""
     with state.tx() as session:
-        get_or_404(session, ExperimentModel, experiment_id, "experiment")
+        return owner_id_of(session, experiment_id)
 
 
 @router.get("/experiments/{experiment_id}/metrics-stream/trials-sample")
@@ -155,6 +157,7 @@ async def trials_sample(
     name = metric_name
     chosen = _group(group, metric_type)
     curves = _curves(request, experiment_id)
+    owner_id = await run_in_threadpool(_owner_of, state, experiment_id)  # 404 before the stream starts
 
     def sample(since: int) -> tuple[dict[str, Any], int]:
         generation = curves.refresh(state.tx)  # never inside a transaction: it takes the curves' lock first
@@ -181,7 +184,7 @@ async def trials_sample(
             trials.append(
                 {
                     "trialId": trial_id,
-                    "hparams": hparams.get(trial_id) or {},
+                    "hparams": redact.shown(hparams.get(trial_id) or {}, principal, owner_id),
                     "data": [
                         {"batches": s, "value": v}
                         for s, v in zip(steps.tolist(), values.tolist(), strict=True)
@@ -194,7 +197,9 @@ async def trials_sample(
             "demotedTrials": [],
         }, generation
 
-    rendered_key = (chosen, name, max_datapoints, max_trials, start_batches, end_batches)
+    # Per query and per what the caller may see of the hparams (the owner's and admins' line, or the masked one).
+    reveal = redact.reveals(principal, owner_id)
+    rendered_key = (chosen, name, max_datapoints, max_trials, start_batches, end_batches, reveal)
 
     def first() -> tuple[dict[str, Any] | bytes, int]:
         # The whole first message, serialised, is kept per query until a new row changes the curves: a
@@ -211,7 +216,6 @@ async def trials_sample(
         message, generation = sample(since)
         return (message if message["trials"] else None), generation
 
-    await run_in_threadpool(_exists, state, experiment_id)
     return _stream(first, then, period_s)
 
 
@@ -243,6 +247,7 @@ async def trials_snapshot(
     """Each trial's metric at the report nearest ``batchesProcessed`` (± ``batchesMargin``), with its
     hyperparameters: ``{trials: [{trialId, hparams, metric, batchesProcessed}]}`` (the hyperparameter plots)."""
     chosen = _group(group, metric_type)
+    owner_id = await run_in_threadpool(_owner_of, state, experiment_id)  # 404 before the stream starts
 
     def snapshot(_cursor: Any = None) -> tuple[dict[str, Any], Any]:
         with state.tx() as session:
@@ -250,7 +255,12 @@ async def trials_snapshot(
                 session, experiment_id, chosen, metric_name, batches_processed, batches_margin
             )
             trials = [
-                {"trialId": t.id, "hparams": t.hparams, "metric": value, "batchesProcessed": at}
+                {
+                    "trialId": t.id,
+                    "hparams": redact.shown(t.hparams, principal, owner_id),
+                    "metric": value,
+                    "batchesProcessed": at,
+                }
                 for t, value, at in rows
             ]
         return {"trials": trials}, trials
@@ -259,7 +269,6 @@ async def trials_snapshot(
         message, trials = snapshot()
         return (message if trials != cursor else None), trials
 
-    await run_in_threadpool(_exists, state, experiment_id)
     return _stream(snapshot, changed, period_s)
 
 
@@ -288,7 +297,9 @@ def trials_time_series(
             )
             out.append(
                 {
-                    "trial": convert.trial_to_api(trial),
+                    "trial": convert.trial_to_api(
+                        trial, principal, owner_id_of(session, trial.experiment_id)
+                    ),
                     "metrics": [
                         {"group": g, "type": _type_of(g), "data": d} for g, d in sorted(series.items())
                     ],
@@ -336,7 +347,9 @@ def ui_experiments(
         )
         items = []
         for row in rows:
-            item = convert.experiment_to_api(row.experiment, row.username, None, with_config=False)
+            item = convert.experiment_to_api(
+                row.experiment, row.username, None, viewer=principal, with_config=False
+            )
             item["numTrials"] = row.num_trials
             item["bestSearcherMetric"] = row.best_metric
             item["canModify"] = principal.admin or row.experiment.owner_id == principal.user_id
@@ -350,10 +363,10 @@ def ui_trials(experiment_id: Id, state: State, principal: UserPrincipal) -> dict
     (``slurmJobId``, ``nodeList``, ``runState``, live or not) and its latest validation (``latestValidation``:
     ``{stepsCompleted, metrics}``)."""
     with state.tx() as session:
-        get_or_404(session, ExperimentModel, experiment_id, "experiment")
+        experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
         items = []
         for trial, run, latest in ui.trial_rows(session, experiment_id):
-            item = convert.trial_to_api(trial)
+            item = convert.trial_to_api(trial, principal, experiment.owner_id)
             item["currentRun"] = convert.run_to_api(run) if run is not None else None
             item["runLive"] = ui.run_is_live(run)
             item["latestValidation"] = {"stepsCompleted": latest[0], "metrics": latest[1]} if latest else None

@@ -128,6 +128,11 @@ def get_experiment(session: Session, experiment_id: int) -> tuple[ExperimentMode
     return experiment, owner.username
 
 
+def owner_id_of(session: Session, experiment_id: int) -> int:
+    """The experiment's owner: whose secrets its config and its trials' hyperparameters hold (``redact.shown``)."""
+    return get_or_404(session, ExperimentModel, experiment_id, "experiment").owner_id
+
+
 def trial_counts(session: Session, experiment_id: int) -> dict[str, int]:
     rows = session.execute(
         select(TrialModel.state, func.count())

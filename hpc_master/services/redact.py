@@ -1,16 +1,26 @@
-"""What other users see of an experiment's config: everything, but values that look secret.
+"""What other users see of an experiment's config and its trials' hyperparameters: everything, but values that
+look secret.
 
-Everyone on a master may look at every experiment (Determined's team view), and people put tokens in configs:
-``environment.environment_variables`` (``WANDB_API_KEY=…``) above all. For anyone but the owner and admins,
-every environment variable's value is masked, and so is the value of any key, anywhere, whose words name a
-secret (``password``, ``api_key``, ``secretAccessKey``, ``hf_token``; not ``max_tokens`` or ``key_dim``).
+Everyone on a master may look at every experiment (Determined's team view), and people put tokens in configs
+and hyperparameters: ``environment.environment_variables`` (``WANDB_API_KEY=…``) above all, or an ``api_key``
+hyperparameter. ``shown`` is the one place that decides what a caller sees, for every route and page that
+answers a config or hyperparameters: the experiment's owner and admins see the values; for anyone else every
+environment variable's value is masked, and so is every value under a key, anywhere, whose words name a secret
+(``password``, ``api_key``, ``secretAccessKey``, ``hf_token``; not ``max_tokens`` or ``key_dim``). A secret
+key's value that is a mapping or a list (a hyperparameter's definition, ``api_key: {type: const, val: …}``)
+keeps its shape with every value in it masked, but for a definition's ``type``.
 """
 
 from __future__ import annotations
 
 import re
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from hpc_master.expconf.hyperparameters import HP_TYPES
+
+if TYPE_CHECKING:
+    from hpc_master.services.users import Principal
 
 MASK = "********"
 SECRET_WORDS = frozenset({"password", "passwd", "passphrase", "secret", "token", "credential", "credentials"})
@@ -39,14 +49,27 @@ def _mask_env_entries(value: Any) -> Any:
     return MASK
 
 
+def _mask_all(value: Any) -> Any:
+    """A secret key's value: its shape kept, every value in it masked (an empty one stays empty), but a
+    hyperparameter definition's ``type`` (``const``, ``categorical``, …: its kind, not its value)."""
+    if isinstance(value, dict):
+        return {
+            k: v if k == "type" and isinstance(v, str) and v in HP_TYPES else _mask_all(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_mask_all(v) for v in value]
+    return MASK if value not in (None, "") else value
+
+
 def _mask(value: Any) -> Any:
     if isinstance(value, dict):
         out: dict[Any, Any] = {}
         for k, v in value.items():
             if k == "environment_variables":
                 out[k] = _mask_env_entries(v)
-            elif isinstance(k, str) and looks_secret(k) and not isinstance(v, dict | list):
-                out[k] = MASK if v not in (None, "") else v
+            elif isinstance(k, str) and looks_secret(k):
+                out[k] = _mask_all(v)
             else:
                 out[k] = _mask(v)
         return out
@@ -55,7 +78,18 @@ def _mask(value: Any) -> Any:
     return value
 
 
-def masked_config(config: dict[str, Any]) -> dict[str, Any]:
-    """A copy of `config` with secret-looking values masked (the stored config is not changed)."""
-    masked: dict[str, Any] = _mask(config)
-    return masked
+def masked(value: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `value` (a config, hyperparameters) with secret-looking values masked; `value` is unchanged."""
+    out: dict[str, Any] = _mask(value)
+    return out
+
+
+def reveals(viewer: Principal, owner_id: int) -> bool:
+    """Whether `viewer` sees the secrets of an experiment (and its trials) that `owner_id` owns."""
+    return viewer.admin or viewer.user_id == owner_id
+
+
+def shown(value: dict[str, Any], viewer: Principal, owner_id: int) -> dict[str, Any]:
+    """The one redaction point: an experiment's config, or one of its trials' hyperparameters, as `viewer`
+    may see it: unchanged for the experiment's owner (`owner_id`) and admins, ``masked`` for anyone else."""
+    return value if reveals(viewer, owner_id) else masked(value)
