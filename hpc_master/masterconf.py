@@ -39,6 +39,27 @@ class ListenConfig(StrictModel):
     required (``security.require_passwords``)."""
     port: int = Field(default=8080, ge=0, le=65535)
     """The TCP port (``det-master --port`` overrides it)."""
+    forwarded_allow_ips: list[str] = Field(default_factory=list)
+    """The addresses or networks (``10.0.0.5``, ``10.0.0.0/24``) of reverse proxies in front of the master
+    whose ``X-Forwarded-For`` and ``X-Forwarded-Proto`` it believes: a request that comes through one of them
+    counts as from the address the proxy names (login throttling, ``docs/security.md``). Empty (the default):
+    those headers are ignored, from loopback too, and every request is from the address that connected, so
+    nobody picks their own address with a header (uvicorn's ``FORWARDED_ALLOW_IPS`` is not read). Name only
+    proxies that set the header themselves; a proxy on the master's own host (``127.0.0.1``) makes every local
+    account's header believed too."""
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _addresses(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item.strip(), strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"expected an IP address or network such as '10.0.0.5' or '10.0.0.0/24', got {item!r}"
+                    + (" (name each proxy: '*' would let any client pick its address)" if item == "*" else "")
+                ) from None
+        return [item.strip() for item in value]
 
 
 class TlsConfig(StrictModel):

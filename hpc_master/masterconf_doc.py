@@ -41,6 +41,8 @@ db:
 listen:
   host: 0.0.0.0
   port: 8443
+  # No reverse proxy in front (the master serves TLS itself): X-Forwarded-For is believed from nobody.
+  forwarded_allow_ips: []
 tls:
   cert: /etc/hpc-det/tls/cert.pem
   key: /etc/hpc-det/tls/key.pem
@@ -158,6 +160,8 @@ def describe_type(annotation: Any, info: FieldInfo) -> str:
         return describe_type(args[0], info)
     if origin is dict:
         return "mapping of names to the keys below"
+    if origin is list:
+        return f"list of {_NAMES.get(args[0], getattr(args[0], '__name__', str(args[0])))}s"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "mapping (the keys below)"
     name = _NAMES.get(annotation, getattr(annotation, "__name__", str(annotation)))
@@ -183,6 +187,8 @@ def describe_default(info: FieldInfo) -> str:
         return "—"
     if isinstance(value, dict):
         return ", ".join(f"pool `{k}` with every default" for k in value) or "none"
+    if isinstance(value, list):
+        return ", ".join(f"`{v}`" for v in value) or "none"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     return f"`{value}`"

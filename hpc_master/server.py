@@ -10,11 +10,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc_master import owner_key, paths
 from hpc_master.errors import ClientError, DetError
 from hpc_master.masterconf import MasterConfig, load_master_config
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger("hpc_master")
 
@@ -173,14 +176,37 @@ def raise_open_files_limit() -> int:
     return soft
 
 
+def uvicorn_config(app: Any, config: MasterConfig, log_level: str = "info") -> uvicorn.Config:
+    """How uvicorn serves the master."""
+    import uvicorn
+
+    proxies = config.listen.forwarded_allow_ips
+    return uvicorn.Config(
+        app,
+        host=config.listen.host,
+        port=config.listen.port,
+        log_level=log_level,
+        log_config=None,  # uvicorn's lines go through the master's handler and format (journald's too)
+        ssl_certfile=str(config.tls.cert) if config.tls.cert else None,
+        ssl_keyfile=str(config.tls.key) if config.tls.key else None,
+        access_log=False,
+        # Each trial keeps up to three connections alive (its main thread, metrics, preemption watch) and
+        # often calls less than every 5 s (uvicorn's default): reconnecting would cost every such call.
+        timeout_keep_alive=KEEP_ALIVE_S,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        # uvicorn's default believes X-Forwarded-For from loopback: on a login node, anyone could then pick the
+        # address their logins are throttled by. Only the proxies the admin names are believed.
+        proxy_headers=bool(proxies),
+        forwarded_allow_ips=list(proxies),
+    )
+
+
 def serve(config: MasterConfig, log_level: str = "info") -> None:
     """Run until SIGTERM or SIGINT, then stop in order, leaving nothing half-written: uvicorn stops listening,
     drains requests (at most ``GRACEFUL_SHUTDOWN_S``) and runs the app's shutdown (the metrics writer stores
     what it queued and stops its ingest worker; SQLite's WAL checkpointer stops); then the lifecycle loop
     finishes its tick (and the checkpoint GC its claim), the curve keeper saves the learning curves, and the
     database connections close. Under systemd (``Type=notify``) it reports when it is ready and stopping."""
-    import uvicorn
-
     from hpc_master.api.app import create_app
     from hpc_master.services.curve_keeper import CurveKeeper
     from hpc_master.systemd import ExitSignals, NotifyingServer, sd_notify
@@ -193,22 +219,7 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
     link = login_link(config)  # the owner key was written by create_app
     if link and sys.stderr.isatty():
         print(f"Web UI: {link}  (logs you in as determined until the master restarts)", file=sys.stderr)
-    server = NotifyingServer(
-        uvicorn.Config(
-            app,
-            host=config.listen.host,
-            port=config.listen.port,
-            log_level=log_level,
-            log_config=None,  # uvicorn's lines go through the master's handler and format (journald's too)
-            ssl_certfile=str(config.tls.cert) if config.tls.cert else None,
-            ssl_keyfile=str(config.tls.key) if config.tls.key else None,
-            access_log=False,
-            # Each trial keeps up to three connections alive (its main thread, metrics, preemption watch) and
-            # often calls less than every 5 s (uvicorn's default): reconnecting would cost every such call.
-            timeout_keep_alive=KEEP_ALIVE_S,
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        )
-    )
+    server = NotifyingServer(uvicorn_config(app, config, log_level))
     signals.server = server
     state.writer.start(worker=True)  # on SQLite, its ingest worker is ready for the first batch
     raise_open_files_limit()

@@ -42,6 +42,7 @@ from hpc_master.db.migrate import upgrade_to_head
 from hpc_master.errors import ClientError, PayloadTooLargeError
 from hpc_master.masterconf import MasterConfig
 from hpc_master.services.lifecycle import watch_stop_requests
+from hpc_master.services.throttle import TooManyAttemptsError
 from hpc_master.services.users import TokenCache, ensure_default_users
 
 log = logging.getLogger("hpc_master")
@@ -172,7 +173,10 @@ async def _refuse(scope: Scope, receive: Receive, send: Send, error: ClientError
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ClientError)
     async def client_error(_request: Request, exc: ClientError) -> JSONResponse:
-        return _error(exc.http_status, exc.code, exc.message, exc.field)
+        response = _error(exc.http_status, exc.code, exc.message, exc.field)
+        if isinstance(exc, TooManyAttemptsError):
+            response.headers["retry-after"] = exc.retry_after
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

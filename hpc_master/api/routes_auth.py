@@ -14,7 +14,7 @@ from hpc_master.api.deps import State, UserPrincipal, request_token
 from hpc_master.api.schemas import LoginRequest, PatchUserRequest, PostUserRequest
 from hpc_master.auth import hash_token
 from hpc_master.db.models import UserModel
-from hpc_master.errors import ClientError, PermissionDeniedError, UnauthenticatedError
+from hpc_master.errors import ClientError, PermissionDeniedError
 from hpc_master.services import users
 from hpc_master.services.common import get_or_404
 
@@ -45,7 +45,9 @@ def master_info(state: State) -> dict[str, Any]:
 def login(
     body: LoginRequest, request: Request, response: Response, state: State, cookie: bool = False
 ) -> dict[str, Any]:
-    """Repeated failures are slowed per (user, address) and per address (``services.throttle``).
+    """Repeated failures are slowed per user name, and failures on names that do not exist per address
+    (``services.throttle``): other users' failures never refuse a correct password. A refusal is 429 with
+    ``Retry-After``.
 
     ``cookie=true`` (the web UI): the token goes into an HttpOnly session cookie instead of the answer,
     which carries the CSRF token to send with state-changing requests (``api.session_cookie``).
@@ -53,26 +55,29 @@ def login(
     ``isHashed`` (Determined's own client): a refusal is 403, as from Determined's master, because that
     client shows the message of a 403 and replaces a 401's with its own advice."""
     ttl = dt.timedelta(hours=state.config.security.token_ttl_hours)
+    # The address that connected; a proxy's X-Forwarded-For only from `listen.forwarded_allow_ips` (server.py).
     address = request.client.host if request.client else "unknown"
-    state.throttle.check(body.username, address)
-    try:
-        with state.tx() as session:
-            token, user = users.login(
-                session,
-                body.username,
-                body.password,
-                ttl=ttl,
-                require_passwords=state.config.passwords_required(),
-                is_owner=owner_key.matches(body.owner_key, state.owner_key_digest),
-                is_hashed=body.is_hashed,
-            )
-            answer = {"token": token, "user": convert.user_to_api(user)}
-    except UnauthenticatedError as exc:
-        state.throttle.failed(body.username, address)
-        if body.is_hashed:
-            raise PermissionDeniedError(exc.message) from None
-        raise
-    state.throttle.succeeded(body.username, address)
+    with state.throttle.attempt(body.username, address) as attempt:
+        try:
+            with state.tx() as session:
+                token, user = users.login(
+                    session,
+                    body.username,
+                    body.password,
+                    ttl=ttl,
+                    require_passwords=state.config.passwords_required(),
+                    is_owner=owner_key.matches(body.owner_key, state.owner_key_digest),
+                    is_hashed=body.is_hashed,
+                )
+                answer = {"token": token, "user": convert.user_to_api(user)}
+        except users.LoginFailedError as exc:
+            refusal = attempt.failed(user_exists=exc.user_exists)
+            if refusal is not None:
+                raise refusal from None
+            if body.is_hashed:
+                raise PermissionDeniedError(exc.message) from None
+            raise
+        attempt.succeeded()
     if cookie:
         answer["csrfToken"] = session_cookie.set_session_cookies(
             response,

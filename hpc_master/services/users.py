@@ -98,6 +98,14 @@ def ensure_default_users(session: Session, *, require_passwords: bool, admin_pas
     session.add(UserModel(username="determined", password_hash="", admin=False, active=not require_passwords))
 
 
+class LoginFailedError(UnauthenticatedError):
+    """A refused login. `user_exists` is for the login throttle (``services.throttle``), never the caller."""
+
+    def __init__(self, message: str, *, user_exists: bool) -> None:
+        super().__init__(message)
+        self.user_exists = user_exists
+
+
 def login(
     session: Session,
     username: str,
@@ -122,12 +130,16 @@ def login(
     if user is None or not ok or not user.active:
         # The same answer whether or not the stored hash could take a client-side hash (``auth.verifiable``),
         # so that the hint reveals no username either.
-        raise UnauthenticatedError(HASHED_LOGIN_FAILED if is_hashed else "invalid credentials")
+        raise LoginFailedError(
+            HASHED_LOGIN_FAILED if is_hashed else "invalid credentials", user_exists=user is not None
+        )
     if user.password_hash == auth.BLANK_PASSWORD_HASH:
         if require_passwords:
-            raise UnauthenticatedError("this master requires passwords; ask an admin to set yours")
+            raise LoginFailedError(
+                "this master requires passwords; ask an admin to set yours", user_exists=True
+            )
         if not is_owner:
-            raise UnauthenticatedError(BLANK_FROM_DETERMINED if is_hashed else BLANK_NOT_OWNER)
+            raise LoginFailedError(BLANK_FROM_DETERMINED if is_hashed else BLANK_NOT_OWNER, user_exists=True)
     elif not is_hashed and auth.needs_rehash(user.password_hash):
         user.password_hash = auth.hash_password(password)
     token = auth.new_token()

@@ -15,10 +15,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from hpc_master import owner_key
 from hpc_master.db.engine import make_engine, transaction
 from hpc_master.db.models import TrialModel, TrialRunModel
-from hpc_master.masterconf import MasterConfig, parse_master_config
+from hpc_master.masterconf import parse_master_config
 from hpc_master.services import lifecycle
 from hpc_master.services.checkpoint_remover import CheckpointRemover
-from hpc_master.services.throttle import FREE_FAILURES, LoginThrottle, TooManyAttemptsError
 
 from .helpers import CONFIG, create_experiment, login, make_user
 
@@ -248,40 +247,7 @@ def test_trial_logs_are_the_owners_and_admins(client: TestClient, sessions: sess
     assert client.get(f"/api/v1/trials/{trial_id}", headers=bob).status_code == 200  # looking is allowed
 
 
-# ---------------------------------------------------------------- policy: login throttling
-
-
-def test_repeated_failed_logins_are_slowed(client: TestClient, config: MasterConfig) -> None:
-    make_user(client, login(client), "erin", "right")
-    wrong = {"username": "erin", "password": "wrong"}
-    codes = [client.post("/api/v1/auth/login", json=wrong).status_code for _ in range(FREE_FAILURES + 2)]
-    assert codes[:FREE_FAILURES] == [401] * FREE_FAILURES
-    assert codes[FREE_FAILURES:] == [429, 429]
-    r = client.post("/api/v1/auth/login", json={"username": "erin", "password": "right"})
-    assert r.status_code == 429 and r.json()["code"] == "too_many_attempts"  # not even the right one, yet
-    assert client.post("/api/v1/auth/login", json={"username": "frank", "password": "x"}).status_code == 401
-
-
-def test_the_throttle_waits_longer_after_each_failure_and_forgets_on_success() -> None:
-    now = [1000.0]
-    throttle = LoginThrottle(clock=lambda: now[0])
-    for _ in range(FREE_FAILURES):
-        throttle.check("erin", "10.0.0.5")
-        throttle.failed("erin", "10.0.0.5")
-    with pytest.raises(TooManyAttemptsError):
-        throttle.check("erin", "10.0.0.5")
-    throttle.check("erin", "10.0.0.6")  # another address is not slowed for erin's failures
-    now[0] += 1.01
-    throttle.check("erin", "10.0.0.5")
-    throttle.failed("erin", "10.0.0.5")
-    now[0] += 1.01
-    with pytest.raises(TooManyAttemptsError):  # the wait doubled
-        throttle.check("erin", "10.0.0.5")
-    now[0] += 1.0
-    throttle.check("erin", "10.0.0.5")
-    throttle.succeeded("erin", "10.0.0.5")
-    throttle.failed("erin", "10.0.0.5")
-    throttle.check("erin", "10.0.0.5")
+# ---------------------------------------------------------------- policy: login throttling: test_login_throttle.py
 
 
 # ---------------------------------------------------------------- policy: the database is private

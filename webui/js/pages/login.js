@@ -1,4 +1,4 @@
-import { api, ApiError } from "../api.js";
+import { api } from "../api.js";
 import { h } from "../dom.js";
 
 export function render(root, _params, { navigate, onLogin }) {
@@ -18,9 +18,8 @@ export function render(root, _params, { navigate, onLogin }) {
       if (local.startsWith("/proxy/")) location.replace(local);
       else navigate(local, { replace: true });
     } catch (e) {
-      error.textContent = e instanceof ApiError && e.status === 429
-        ? "Too many failed attempts: wait a little and try again."
-        : e.message;
+      // A 429's message says how long to wait (the seconds of its Retry-After).
+      error.textContent = e.message;
     } finally {
       submit.disabled = false;
     }
