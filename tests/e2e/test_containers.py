@@ -192,6 +192,7 @@ def scratch(researcher: Researcher) -> Path:
     return d
 
 
+@pytest.mark.slurm  # the researcher's account is the cluster's: not while the exclusive lane restarts it
 def test_exec_passes_the_environment_and_binds_as_a_researcher(
     researcher: Researcher, test_image: str, scratch: Path, apptainer: str
 ) -> None:
@@ -232,6 +233,7 @@ def test_exec_passes_the_environment_and_binds_as_a_researcher(
     }  # fmt: skip
 
 
+@pytest.mark.slurm  # the researcher's account is the cluster's: not while the exclusive lane restarts it
 def test_prepull_of_an_unreachable_image_fails_naming_it_and_leaves_nothing(
     researcher: Researcher, scratch: Path, apptainer: str
 ) -> None:
