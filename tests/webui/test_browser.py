@@ -105,6 +105,7 @@ def test_the_search_tab_shows_rung_metrics_as_reported_best_first(
     cells = p.locator("#rungs .rung[data-rung='0'] tbody tr td.num").all_inner_texts()
     assert [float(c.replace("−", "-")) for c in cells] == [0.9694, 0.9611, 0.9, 0.8], cells
     assert "−" not in p.inner_text("#rungs") and "-0." not in p.inner_text("#rungs")
+    shot(p, "search-rungs")
     ui.assert_clean()
 
 
