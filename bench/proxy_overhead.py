@@ -115,7 +115,9 @@ def start_master(tmp: Path, upstream: str) -> tuple[str, dict[str, str], str]:
         task = s.get(TaskModel, task_id)
         assert task is not None
         Path(task.run_dir).mkdir(parents=True)
-        (Path(task.run_dir) / "service_token").write_text(TOKEN)
+        (Path(task.run_dir) / "service_token").write_text(TOKEN)  # where a master before issue 32 read it
+        if hasattr(task, "service_token"):
+            task.service_token = TOKEN  # the master's record, which the proxy reads since
         task.state, task.service_address, task.slurm_job_id = "STATE_RUNNING", upstream, "1"
     return url, headers, task_id
 
