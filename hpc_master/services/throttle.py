@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hpc_master.errors import ClientError
+from hpc_master.errors import TooManyRequestsError
 
 FREE_FAILURES = 5
 FREE_ADDRESS_FAILURES = 50
@@ -26,13 +26,11 @@ FORGET_AFTER_S = 15 * 60.0
 MAX_KEYS = 100_000
 
 
-class TooManyAttemptsError(ClientError):
-    http_status = 429
+class TooManyAttemptsError(TooManyRequestsError):
     default_code = "too_many_attempts"
 
     def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+        super().__init__(message, retry_after_s=retry_after_s)
 
 
 @dataclass
