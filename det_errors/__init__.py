@@ -64,6 +64,20 @@ class PayloadTooLargeError(ClientError):
     default_code = "payload_too_large"
 
 
+class TooManyRequestsError(ClientError):
+    """The caller is over a limit: the same request may succeed after ``retry_after_s`` seconds (HTTP 429 with a
+    ``Retry-After`` header)."""
+
+    http_status = 429
+    default_code = "too_many_requests"
+
+    def __init__(
+        self, message: str, *, retry_after_s: float, code: str | None = None, field: str | None = None
+    ) -> None:
+        super().__init__(message, code=code, field=field)
+        self.retry_after_s = retry_after_s
+
+
 class ServerError(DetError):
     """Something failed on our side or in a system we call (Slurm, the database)."""
 

@@ -13,6 +13,7 @@ from det_errors import (
     PermissionDeniedError,
     ServerError,
     SlurmError,
+    TooManyRequestsError,
     UnauthenticatedError,
 )
 
@@ -26,5 +27,6 @@ __all__ = [
     "PermissionDeniedError",
     "ServerError",
     "SlurmError",
+    "TooManyRequestsError",
     "UnauthenticatedError",
 ]

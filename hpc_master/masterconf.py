@@ -248,6 +248,17 @@ class SecurityConfig(StrictModel):
     admin_password: str | None = Field(default=None, repr=False)
     """The ``admin`` user's password at the first start of a master that requires passwords (then it is
     stored hashed, and changed with ``det user change-password``). Prefer the environment variable to a file."""
+    max_streams_per_user: int = Field(default=64, ge=1, le=1_000_000)
+    """How many streams one user may have open at once: log follows (``det trial logs -f``, ``det task logs
+    -f``, ``det master logs -f``), metric streams (the web UI's charts, Determined's SDK's ``iter_metrics``),
+    the web UI's change streams (one per open page) and long polls made with the user's own token. One more is
+    refused with HTTP 429 ``too_many_streams`` and a ``Retry-After`` until one of them ends
+    (``docs/security.md``)."""
+    max_long_polls_per_trial: int = Field(default=256, ge=1, le=1_000_000)
+    """How many long polls (``signals/preemption``, ``searcher/operation``) one trial's harness may have open
+    at once with its per-trial token, counted per trial and not against its owner's streams: one or two per
+    trial, but one per rank in Determined's ``WORKERS_ASK_MASTER`` preemption mode, so keep it above the
+    ranks of the largest such job."""
 
 
 class MasterConfig(StrictModel):
@@ -283,7 +294,7 @@ class MasterConfig(StrictModel):
     """Seconds a TensorBoard may go without a request through the master's proxy before it is ended, freeing
     its node (Determined's default, 300); 0: never. A task's ``idle_timeout`` overrides it."""
     security: SecurityConfig = SecurityConfig()
-    """Logins and passwords (``docs/security.md``)."""
+    """Logins, passwords, and how many streams a user may hold open (``docs/security.md``)."""
     cluster_name: str = "hpc-det"
     """The name the web UI and ``GET /api/v1/master`` show."""
 
@@ -390,6 +401,7 @@ ENV_OVERRIDES: dict[str, str] = {
     "DET_REQUIRE_PASSWORDS": "security.require_passwords",
     "DET_TOKEN_TTL_HOURS": "security.token_ttl_hours",
     "DET_ADMIN_PASSWORD": "security.admin_password",
+    "DET_MAX_STREAMS_PER_USER": "security.max_streams_per_user",
     "DET_POLL_INTERVAL_S": "poll_interval_s",
     "DET_TLS_CERT": "tls.cert",
     "DET_TLS_KEY": "tls.key",

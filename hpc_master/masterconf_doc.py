@@ -91,6 +91,8 @@ tensorboard_timeout: 300
 security:
   require_passwords: true
   token_ttl_hours: 168
+  max_streams_per_user: 64
+  max_long_polls_per_trial: 256
   # admin_password: only for the first start; prefer DET_ADMIN_PASSWORD in the unit's EnvironmentFile.
 """
 """A shared master's whole ``master.yaml``, with every key but ``security.admin_password``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import logging
+import math
 import uuid
 from typing import Any
 
@@ -39,10 +40,9 @@ from hpc_master.api.fast_ingest import MetricsFastPath
 from hpc_master.api.untyped_json import UntypedBodyAsJson
 from hpc_master.db.engine import make_engine, make_sessionmaker, transaction
 from hpc_master.db.migrate import upgrade_to_head
-from hpc_master.errors import ClientError, PayloadTooLargeError
+from hpc_master.errors import ClientError, PayloadTooLargeError, TooManyRequestsError
 from hpc_master.masterconf import MasterConfig
 from hpc_master.services.lifecycle import watch_stop_requests
-from hpc_master.services.throttle import TooManyAttemptsError
 from hpc_master.services.users import TokenCache, ensure_default_users
 
 log = logging.getLogger("hpc_master")
@@ -174,8 +174,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ClientError)
     async def client_error(_request: Request, exc: ClientError) -> JSONResponse:
         response = _error(exc.http_status, exc.code, exc.message, exc.field)
-        if isinstance(exc, TooManyAttemptsError):
-            response.headers["retry-after"] = exc.retry_after
+        if isinstance(exc, TooManyRequestsError):  # 429: when to try again, in whole seconds
+            response.headers["retry-after"] = str(max(1, math.ceil(exc.retry_after_s)))
         return response
 
     @app.exception_handler(RequestValidationError)

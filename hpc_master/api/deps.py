@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hpc_master.api import session_cookie
 from hpc_master.api.metrics_writer import MetricsWriter
+from hpc_master.api.streams import StreamSlots
 from hpc_master.auth import hash_token
 from hpc_master.db.checkpointer import WalCheckpointer, sqlite_file
 from hpc_master.db.engine import transaction
@@ -44,8 +45,12 @@ class AppState:
     """Metric batches answered by the fast path (``fast_ingest.MetricsFastPath``), for tests and benchmarks."""
     checkpoint_remover: CheckpointRemover = field(default_factory=CheckpointRemover)
     """Deletes checkpoint files for the API (as each owner's Unix account when the master runs as root)."""
+    streams: StreamSlots = field(init=False)
+    """Open streams and long polls per user (per trial for harness tokens), under ``security``'s caps."""
 
     def __post_init__(self) -> None:
+        security = self.config.security
+        self.streams = StreamSlots(security.max_streams_per_user, security.max_long_polls_per_trial)
         path = sqlite_file(self.engine)
         self.writer = MetricsWriter(self.sessions, worker_db=path)
         self.checkpointer = WalCheckpointer(path, lambda: self.writer.rows) if path else None

@@ -9,7 +9,8 @@ and answers are Determined's, ``determined/common/api/bindings.py``; ``docs/dete
 Each answers newline-delimited JSON, ``{"result": {"metrics": [v1MetricsReport, ...]}}`` per page of up to
 ``PAGE_SIZE`` reports, trial by trial in id order, each trial's reports by steps, and ends: as Determined's
 master does, these streams do not follow a running trial. Only the trials' owners and admins may read them
-(every trial is checked before the stream starts, so a refusal is a plain 403 or 404).
+(every trial is checked before the stream starts, so a refusal is a plain 403 or 404). Each is one of the
+caller's streams while it is sent (``api.streams``), its pages read in the stream threads.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from fastapi.responses import StreamingResponse
 from hpc_master.api import convert
 from hpc_master.api.bounds import Id
 from hpc_master.api.deps import State, UserPrincipal
+from hpc_master.api.streams import open_stream, stream_threads
 from hpc_master.db.models import ExperimentModel, MetricModel, TrialModel
 from hpc_master.errors import ClientError
 from hpc_master.services import metrics as metric_svc
@@ -82,8 +84,8 @@ def _readable_trials(state: State, principal: UserPrincipal, trial_ids: list[int
     return sorted(trial_ids)
 
 
-def _stream(state: State, trial_ids: list[int], group: str) -> StreamingResponse:
-    def pages() -> Iterator[bytes]:  # a sync generator: Starlette iterates it in its thread pool
+def _stream(state: State, principal: UserPrincipal, trial_ids: list[int], group: str) -> StreamingResponse:
+    def pages() -> Iterator[bytes]:  # each page read in the stream threads, not the routes' pool
         for trial_id in trial_ids:
             after: tuple[int, int] | None = None
             while True:
@@ -96,7 +98,7 @@ def _stream(state: State, trial_ids: list[int], group: str) -> StreamingResponse
                 if len(page) < PAGE_SIZE:
                     break
 
-    return StreamingResponse(pages(), media_type="application/x-ndjson")
+    return open_stream(state.streams, principal, stream_threads.iterate(pages()))
 
 
 @router.get("/trials/metrics/trial_metrics")
@@ -108,7 +110,7 @@ def trial_metrics(
 ) -> StreamingResponse:
     """Determined's ``GetMetrics``: the trials' reports of one group (``training``, ``validation``, or any
     group the trials reported)."""
-    return _stream(state, _readable_trials(state, principal, trial_ids), group)
+    return _stream(state, principal, _readable_trials(state, principal, trial_ids), group)
 
 
 @router.get("/trials/metrics/training_metrics")
@@ -117,7 +119,7 @@ def training_metrics(
     principal: UserPrincipal,
     trial_ids: TrialIds = [],  # noqa: B006
 ) -> StreamingResponse:
-    return _stream(state, _readable_trials(state, principal, trial_ids), "training")
+    return _stream(state, principal, _readable_trials(state, principal, trial_ids), "training")
 
 
 @router.get("/trials/metrics/validation_metrics")
@@ -126,4 +128,4 @@ def validation_metrics(
     principal: UserPrincipal,
     trial_ids: TrialIds = [],  # noqa: B006
 ) -> StreamingResponse:
-    return _stream(state, _readable_trials(state, principal, trial_ids), "validation")
+    return _stream(state, principal, _readable_trials(state, principal, trial_ids), "validation")

@@ -21,12 +21,14 @@ from hpc_master.api.schemas import (
     ReportMetricsRequest,
     RunnerMetadataRequest,
 )
+from hpc_master.api.streams import long_poll
 from hpc_master.db.models import TrialModel
 from hpc_master.errors import PermissionDeniedError
 from hpc_master.services import checkpoint_views, harness, notify
 from hpc_master.services import checkpoints as ckpts
 from hpc_master.services.common import get_or_404
 from hpc_master.services.metrics import ingest_metrics
+from hpc_master.services.users import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["harness"])
 
@@ -149,9 +151,16 @@ async def preemption_signal(
     """Long poll: answers as soon as preemption is requested, or after ``timeoutSeconds`` (≤ 60).
 
     A job that ended leaves its poll open until the connection closes; the poll stops re-reading then (every
-    trial's last poll would otherwise re-read the database until its timeout)."""
+    trial's last poll would otherwise re-read the database until its timeout). While it waits it holds one of
+    its trial's ``security.max_long_polls_per_trial`` (a user's token: one of the user's streams)."""
     trial_id, run_number = harness.parse_allocation_id(allocation_id)
+    with long_poll(state.streams, principal):
+        return await _wait_for_preemption(trial_id, run_number, principal, state, request, timeoutSeconds)
 
+
+async def _wait_for_preemption(
+    trial_id: int, run_number: int, principal: Principal, state: State, request: Request, timeout_s: int
+) -> dict[str, Any]:
     def check() -> bool:
         with state.tx() as session:
             check_trial_access(session, principal, trial_id, write=False)
@@ -159,7 +168,7 @@ async def preemption_signal(
             own = principal.trial_id == trial_id
             return harness.preemption_state(session, trial_id, run_number, deliver=own)
 
-    deadline = time.monotonic() + max(0, min(timeoutSeconds, MAX_LONG_POLL_S))
+    deadline = time.monotonic() + max(0, min(timeout_s, MAX_LONG_POLL_S))
     while True:
         requests = notify.stop_requests()  # before the read: a request committed during it is not missed
         preempt = await run_in_threadpool(check)
@@ -190,6 +199,7 @@ async def searcher_operation(
     trial_id: Id,
     principal: AnyPrincipal,
     state: State,
+    request: Request,
     timeoutSeconds: TimeoutSeconds = OP_LONG_POLL_S,
 ) -> dict[str, Any]:
     """The trial's next operation (Determined ≤ 0.37).
@@ -198,14 +208,21 @@ async def searcher_operation(
     lifecycle loop does, within a tick): this waits up to ``timeoutSeconds`` (≤ 60) for its answer rather
     than hand the completed operation out again, then says ``pending`` (ask again). A trial being paused
     (by the searcher until a promotion, or by the user) gets no operation, so its script ends and it pauses.
+    It waits as ``signals/preemption`` does, under the same cap, and stops waiting when the client has gone.
     """
+    with long_poll(state.streams, principal):
+        return await _wait_for_operation(trial_id, principal, state, request, timeoutSeconds)
 
+
+async def _wait_for_operation(
+    trial_id: int, principal: Principal, state: State, request: Request, timeout_s: int
+) -> dict[str, Any]:
     def read() -> tuple[int | None, harness.OpState]:
         with state.tx() as session:
             check_trial_access(session, principal, trial_id, write=False)
             return harness.searcher_operation(session, trial_id, deliver=principal.trial_id == trial_id)
 
-    deadline = time.monotonic() + max(0, min(timeoutSeconds, MAX_LONG_POLL_S))
+    deadline = time.monotonic() + max(0, min(timeout_s, MAX_LONG_POLL_S))
     while True:
         passes = notify.searcher_passes()  # before the read: a pass that ends during it is not missed
         length, op_state = await run_in_threadpool(read)
@@ -215,6 +232,8 @@ async def searcher_operation(
         # the loop's pass also follows): wait for the loop to say it made one, then read again.
         if not await notify.next_searcher_pass(passes, deadline - time.monotonic()):
             return {"op": None, "completed": False, "pending": True}
+        if await request.is_disconnected():
+            return {"op": None, "completed": False, "pending": True}  # nobody is listening
     return _op_answer(length, op_state)
 
 

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from hpc_master.api.deps import State, UserPrincipal
+from hpc_master.api.streams import open_stream
 from hpc_master.master_log import MASTER_LOG, MasterLog
 from hpc_master.services.master_config import effective_config
 
@@ -32,6 +33,7 @@ async def get_master_config(state: State, principal: UserPrincipal) -> dict[str,
 @router.get("/master/logs")
 async def master_logs(
     request: Request,
+    state: State,
     principal: UserPrincipal,
     follow: bool = False,
     limit: Annotated[int, Query(ge=0, le=MAX_LOG_ENTRIES)] = 0,
@@ -63,4 +65,4 @@ async def master_logs(
                 last = new[-1].id
                 yield lines(new)
 
-    return StreamingResponse(stream(), media_type="application/x-ndjson")
+    return open_stream(state.streams, principal, stream())

@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from hpc_master.api.bounds import Id, Limit, OptionalId
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.schemas import ApiModel, ModelDefinitionFile
+from hpc_master.api.streams import open_stream, stream_threads
 from hpc_master.db.models import UserModel
 from hpc_master.errors import ClientError
 from hpc_master.expconf import load_yaml
@@ -244,7 +245,7 @@ async def task_logs(
         sent = 0
         while True:
             final = done or not follow
-            lines, more = await run_in_threadpool(logs.read_new_lines, 0, sources, cursor, final=final)
+            lines, more = await stream_threads.run(logs.read_new_lines, 0, sources, cursor, final=final)
             lines = [x for x in lines if not search_text or search_text in str(x["log"])]
             if limit > 0:
                 lines = lines[: limit - sent]
@@ -258,9 +259,9 @@ async def task_logs(
             if final:
                 return
             await asyncio.sleep(LOG_POLL_INTERVAL_S)
-            sources, done = await run_in_threadpool(snapshot)
+            sources, done = await stream_threads.run(snapshot)
 
-    return StreamingResponse(stream(), media_type="application/x-ndjson")
+    return open_stream(state.streams, principal, stream())
 
 
 def _limit(limit: int) -> int:

@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from hpc_master.api import convert
 from hpc_master.api.bounds import Count32, Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal
+from hpc_master.api.streams import open_stream, stream_threads
 from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel
 from hpc_master.errors import ClientError
 from hpc_master.services import experiments as exps
@@ -138,7 +139,8 @@ async def trial_logs(
     """Newline-delimited JSON, one ``{"result": {...}}`` per line: Determined's ``TrialLogs`` stream, whose
     entries ``services.logs`` describes.
 
-    With ``follow=true`` the stream stays open, sending appended lines, until the trial is terminal. Logs
+    With ``follow=true`` the stream stays open, sending appended lines, until the trial is terminal (one of
+    the caller's ``security.max_streams_per_user`` streams while it is open, ``api.streams``). Logs
     are the owner's and admins' only (scripts print what they would not put in a metric). Determined's
     parameters: ``limit`` (at most that many lines; with ``orderBy=ORDER_BY_DESC`` the last ones, newest
     first, as its client's ``--tail`` asks), ``rankIds``, ``levels``, ``stdtypes``, ``sources`` and
@@ -182,7 +184,7 @@ async def trial_logs(
         last: deque[dict[str, object]] = deque(maxlen=limit if limit > 0 else None)
         while True:
             final = done or not follow
-            lines, more = await run_in_threadpool(
+            lines, more = await stream_threads.run(
                 logs.read_new_lines, trial_id, sources_, cursor, final=final
             )
             lines = [line for line in lines if wanted.matches(line)]
@@ -202,6 +204,6 @@ async def trial_logs(
                     yield encode(reversed(last))
                 return
             await asyncio.sleep(LOG_POLL_INTERVAL_S)
-            sources_, done = await run_in_threadpool(snapshot)
+            sources_, done = await stream_threads.run(snapshot)
 
-    return StreamingResponse(stream(), media_type="application/x-ndjson")
+    return open_stream(state.streams, principal, stream())

@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hpc_master.api import convert, routes_ui_live
 from hpc_master.api.bounds import INT32_MAX, Count64, Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal
+from hpc_master.api.streams import open_stream, stream_threads
 from hpc_master.db.models import ExperimentModel, TrialModel, UserModel
 from hpc_master.services import redact
 from hpc_master.services import webui as ui
@@ -72,20 +73,23 @@ def _line(result: dict[str, Any] | bytes) -> bytes:
 
 
 def _stream(
+    state: State,
+    principal: UserPrincipal,
     first: Callable[[], tuple[dict[str, Any] | bytes, Any]],
     then: Callable[[Any], tuple[dict[str, Any] | None, Any]],
     period_s: float,
 ) -> StreamingResponse:
     """One message from ``first()``; with a period, every ``period_s`` the message ``then(cursor)`` makes
-    (None: nothing changed; a keepalive is sent every ``KEEPALIVE_S`` instead)."""
+    (None: nothing changed; a keepalive is sent every ``KEEPALIVE_S`` instead). One of the caller's streams
+    while it is open; its reads run in the stream threads (``api.streams``)."""
 
     async def messages() -> AsyncIterator[bytes]:
-        message, cursor = await run_in_threadpool(first)
+        message, cursor = await stream_threads.run(first)
         yield _line(message)
         quiet_since = time.monotonic()
         while period_s > 0:
             await asyncio.sleep(period_s)
-            update, cursor = await run_in_threadpool(then, cursor)
+            update, cursor = await stream_threads.run(then, cursor)
             if update is not None:
                 quiet_since = time.monotonic()
                 yield _line(update)
@@ -93,7 +97,7 @@ def _stream(
                 quiet_since = time.monotonic()
                 yield b"\n"
 
-    return StreamingResponse(messages(), media_type="application/x-ndjson")
+    return open_stream(state.streams, principal, messages())
 
 
 # ---------------------------------------------------------------- Determined's metrics streams
@@ -125,7 +129,7 @@ async def metric_names(
         return (message if by_group != cursor else None), by_group
 
     await run_in_threadpool(_owner_of, state, experiment_id)  # 404 before the stream starts
-    return _stream(names, changed, period_s)
+    return _stream(state, principal, names, changed, period_s)
 
 
 def _owner_of(state: State, experiment_id: int) -> int:
@@ -216,7 +220,7 @@ async def trials_sample(
         message, generation = sample(since)
         return (message if message["trials"] else None), generation
 
-    return _stream(first, then, period_s)
+    return _stream(state, principal, first, then, period_s)
 
 
 def _best_trials(session: Any, experiment_id: int, ids: list[int], n: int) -> list[int]:
@@ -269,7 +273,7 @@ async def trials_snapshot(
         message, trials = snapshot()
         return (message if trials != cursor else None), trials
 
-    return _stream(snapshot, changed, period_s)
+    return _stream(state, principal, snapshot, changed, period_s)
 
 
 @router.get("/trials/time-series")

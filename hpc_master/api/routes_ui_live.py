@@ -9,8 +9,8 @@ are the same for every stream of the same thing and across reconnections, so a b
 fetches only what changed while it was away. A blank line is a heartbeat, every ``HEARTBEAT_S`` of quiet.
 
 Each watched thing (an experiment, a trial, the list) has one ``Hub`` per app: a task that reads cheap
-aggregates in one short transaction every ``POLL_S`` while anyone listens (in the thread pool, holding no
-connection while it sleeps) and wakes its listeners when a digest changes; a thousand open pages on one
+aggregates in one short transaction every ``POLL_S`` while anyone listens (in the stream threads,
+``api.streams``, holding no connection while it sleeps) and wakes its listeners when a digest changes; a thousand open pages on one
 experiment cost the database what one does. Aggregates, not ``version`` columns alone: some writers
 (``UPDATE … SET steps_completed``, a checkpoint's ``latest_checkpoint``) change rows without a version bump.
 New metric rows are found from the table's growing primary key (``MetricsCursor``), never by scanning a
@@ -37,6 +37,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hpc_master.api.bounds import Id
 from hpc_master.api.deps import State, UserPrincipal, get_principal
+from hpc_master.api.streams import open_stream, stream_threads
 from hpc_master.db.models import (
     CheckpointModel,
     ExperimentModel,
@@ -314,7 +315,7 @@ class Hub:
     async def _run(self) -> None:
         try:
             while self.listeners > 0:
-                digests = await run_in_threadpool(self._read)
+                digests = await stream_threads.run(self._read)
                 if digests != self.digests:
                     self.digests = digests
                     self.generation += 1
@@ -409,14 +410,17 @@ async def _messages(
 
 
 def _changes(
-    request: Request, key: Any, read: Callable[[], Callable[[], Digests]], follow: bool = True
+    request: Request,
+    state: State,
+    principal: UserPrincipal,
+    key: Any,
+    read: Callable[[], Callable[[], Digests]],
+    follow: bool = True,
 ) -> StreamingResponse:
     # No proxy buffering; and no keep-alive: a browser that aborts a kept-alive response may read on to
     # reuse the connection (Chromium drains it for seconds), leaving the stream open on the server.
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "close"}
-    return StreamingResponse(
-        _messages(request, key, read, follow), media_type="application/x-ndjson", headers=headers
-    )
+    return open_stream(state.streams, principal, _messages(request, key, read, follow), headers=headers)
 
 
 def _exists(state: State, model: type[ExperimentModel] | type[TrialModel], key: int, what: str) -> None:
@@ -432,7 +436,7 @@ async def list_changes(
     request: Request, state: State, principal: UserPrincipal, follow: Follow = True
 ) -> StreamingResponse:
     """The experiment list's change stream: ``experiments`` and ``trials`` digests (see the module)."""
-    return _changes(request, ("list",), lambda: ListChanges(state.tx), follow)
+    return _changes(request, state, principal, ("list",), lambda: ListChanges(state.tx), follow)
 
 
 @router.get("/experiments/{experiment_id}/changes")
@@ -443,8 +447,9 @@ async def experiment_changes(
     ``checkpoints`` and ``validations`` digests (an ``experiment`` of ``""``: it was deleted)."""
     await run_in_threadpool(_exists, state, ExperimentModel, experiment_id, "experiment")
     return _changes(
-        request, ("experiment", experiment_id), lambda: ExperimentChanges(state.tx, experiment_id), follow
-    )
+        request, state, principal, ("experiment", experiment_id),
+        lambda: ExperimentChanges(state.tx, experiment_id), follow,
+    )  # fmt: skip
 
 
 @router.get("/trials/{trial_id}/changes")
@@ -454,4 +459,6 @@ async def trial_changes(
     """The trial page's change stream: ``trial``, ``runs``, ``checkpoints`` and ``metrics`` digests (a
     ``trial`` of ``""``: it was deleted)."""
     await run_in_threadpool(_exists, state, TrialModel, trial_id, "trial")
-    return _changes(request, ("trial", trial_id), lambda: TrialChanges(state.tx, trial_id), follow)
+    return _changes(
+        request, state, principal, ("trial", trial_id), lambda: TrialChanges(state.tx, trial_id), follow
+    )

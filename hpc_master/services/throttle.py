@@ -35,7 +35,7 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from hpc_master.errors import ClientError
+from hpc_master.errors import TooManyRequestsError
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +53,11 @@ IPV6_GROUP_PREFIX = 64
 """An IPv6 address counts as its /64: one host commonly holds a whole /64."""
 
 
-class TooManyAttemptsError(ClientError):
-    http_status = 429
+class TooManyAttemptsError(TooManyRequestsError):
     default_code = "too_many_attempts"
 
     def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+        super().__init__(message, retry_after_s=retry_after_s)
 
     @property
     def retry_after(self) -> str:
