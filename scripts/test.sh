@@ -8,7 +8,7 @@
 # docs/testing.md has the lanes and markers.
 #   scripts/test.sh                      # as root (another user: through sudo); what CI runs
 #   scripts/test.sh [PYTEST ARGS...]     # only these tests, in one pytest, with the cluster and PostgreSQL up
-#   DET_TEST_WORKERS=N                   # workers of the cluster lane (default 3)
+#   DET_TEST_WORKERS=N                   # workers of the cluster lane (default 4)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$HERE"
@@ -115,8 +115,8 @@ fi
 FAST_LANE="not slurm and not postgres and not browser and not determined_client and not apptainer and not gpu and not root and not exclusive"
 LOGS=$(mktemp -d /var/tmp/hpc-det-test-logs.XXXXXX)
 rc=0
-phase "the cluster lane: the tests on the cluster that can share it, ${DET_TEST_WORKERS:-3} at a time"
-"${PYTEST[@]}" -n "${DET_TEST_WORKERS:-3}" --dist load --durations=15 -m "slurm and not exclusive" || rc=$?
+phase "the cluster lane: the tests on the cluster that can share it, ${DET_TEST_WORKERS:-4} at a time"
+"${PYTEST[@]}" -n "${DET_TEST_WORKERS:-4}" --dist load --durations=15 -m "slurm and not exclusive" || rc=$?
 # The tests that need the cluster to themselves mostly wait on it (an outage, a preemption's grace time, a
 # time limit, `down` and `up`), so the other services' tests (PostgreSQL, the browser, Determined's client,
 # root) run beside them; each lane's output is printed whole when both have ended.
