@@ -65,8 +65,8 @@ class PayloadTooLargeError(ClientError):
 
 
 class TooManyRequestsError(ClientError):
-    """The caller is over a limit: the same request may succeed after ``retry_after_s`` seconds (HTTP 429 with a
-    ``Retry-After`` header)."""
+    """The caller is over a limit: the same request may succeed after ``retry_after_s`` seconds (HTTP 429
+    with a ``Retry-After`` header)."""
 
     http_status = 429
     default_code = "too_many_requests"

@@ -10,9 +10,10 @@ fetches only what changed while it was away. A blank line is a heartbeat, every 
 
 Each watched thing (an experiment, a trial, the list) has one ``Hub`` per app: a task that reads cheap
 aggregates in one short transaction every ``POLL_S`` while anyone listens (in the stream threads,
-``api.streams``, holding no connection while it sleeps) and wakes its listeners when a digest changes; a thousand open pages on one
-experiment cost the database what one does. Aggregates, not ``version`` columns alone: some writers
-(``UPDATE … SET steps_completed``, a checkpoint's ``latest_checkpoint``) change rows without a version bump.
+``api.streams``, holding no connection while it sleeps) and wakes its listeners when a digest changes; a
+thousand open pages on one experiment cost the database what one does. Aggregates, not ``version`` columns
+alone: some writers (``UPDATE … SET steps_completed``, a checkpoint's ``latest_checkpoint``) change rows
+without a version bump.
 New metric rows are found from the table's growing primary key (``MetricsCursor``), never by scanning a
 trial's metrics. Who may read: as ``GET /api/v1/experiments/{id}`` (any user; per-trial tokens refused).
 """
