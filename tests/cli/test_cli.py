@@ -352,7 +352,10 @@ def test_other_user_cannot_pause(det: Det, make_user: MakeUser, tmp_path: Path) 
 
 def seed_trial(master: Master, experiment_id: int, log_text: str, checkpoint_uuid: str) -> int:
     """What the lifecycle loop and the harness would record: a finished trial, its run, log, metrics, ckpt."""
-    log_file = master.root / f"trial-{experiment_id}.log"
+    log_file = (
+        master.root / "jobs" / f"trial-{experiment_id}.log"
+    )  # below the job storage root: read from there
+    log_file.parent.mkdir(exist_ok=True)
     log_file.write_text(log_text)
     with db(master) as session, session.begin():
         trial = TrialModel(
