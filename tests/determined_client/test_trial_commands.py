@@ -164,15 +164,22 @@ class Follower:
 # ------------------------------------------------------------------------------------------------ logs
 
 
+def job_dir(master: Master) -> Path:
+    """Where the master reads logs from: below its job storage root (a file elsewhere is never read)."""
+    jobs = master.root / "jobs" / f"seeded-{uuid.uuid4().hex[:8]}"
+    jobs.mkdir(parents=True)
+    return jobs
+
+
 def test_trial_logs_head_tail_filters_and_json(
     determined: DeterminedClient, our_api: OurApi, tmp_path: Path
 ) -> None:
     name, experiment_id = new_user_and_experiment(our_api, "tlogs")
-    (tmp_path / "slurm-7.out").write_text(STDOUT)
-    (tmp_path / "slurm-7.err").write_text(STDERR)
+    jobs = job_dir(our_api.master)
+    (jobs / "slurm-7.out").write_text(STDOUT)
+    (jobs / "slurm-7.err").write_text(STDERR)
     seeded = seed_trial(
-        our_api.master, experiment_id,
-        logs={"stdout": tmp_path / "slurm-7.out", "stderr": tmp_path / "slurm-7.err"},
+        our_api.master, experiment_id, logs={"stdout": jobs / "slurm-7.out", "stderr": jobs / "slurm-7.err"},
     )  # fmt: skip
     who, tid = as_user(name), str(seeded.trial_id)
     everything = [*STDOUT.splitlines(), *STDERR.splitlines()]
@@ -218,7 +225,7 @@ def test_logs_follow_with_the_cli_and_the_sdk(
     """``det t logs -f`` and the SDK's ``Trial.logs(follow=True)`` print lines as the job writes them and
     return when the trial ends."""
     name, experiment_id = new_user_and_experiment(our_api, "tfollow")
-    log = tmp_path / "slurm-8.out"
+    log = job_dir(our_api.master) / "slurm-8.out"
     log.write_text("[rank=0] first\n")
     seeded = seed_trial(
         our_api.master, experiment_id, state="ACTIVE", run_state="RUNNING", logs={"stdout": log}
@@ -351,7 +358,7 @@ def test_trial_routes_refuse_others_and_bad_input(
 ) -> None:
     _, experiment_id = new_user_and_experiment(our_api, "tauth")
     master = our_api.master
-    log = tmp_path / "slurm-9.out"
+    log = job_dir(master) / "slurm-9.out"
     log.write_text("[rank=0] private\n")
     seeded = seed_trial(master, experiment_id, logs={"stdout": log}, metrics=[("training", 1, {"loss": 1.0})])
     other = our_api.create_user("tauthother", PASSWORD)

@@ -392,6 +392,7 @@ def researcher_storage() -> Iterator[tuple[str, Path]]:
 
 
 @pytest.mark.root
+@pytest.mark.slurm  # the researcher account is the cluster's: not while the exclusive lane takes it down and up
 def test_a_root_master_deletes_as_the_owner_and_never_follows_a_link(
     sessions: sessionmaker[Session], root: Path, clock: Clock, researcher_storage: tuple[str, Path]
 ) -> None:

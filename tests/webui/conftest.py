@@ -111,6 +111,7 @@ def ui_master(ui_backend: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
             "db": {"url": url},
             "listen": {"host": "127.0.0.1", "port": port},
             "security": {"require_passwords": True, "admin_password": ADMIN_PASSWORD},
+            "job_storage_root": str(tmp / "jobs"),
         },
         env={},
     )

@@ -169,7 +169,8 @@ def test_actions_live_state_and_permissions(ui_master: UiMaster, page_factory: A
 def test_live_curves_and_logs(ui_master: UiMaster, page_factory: Any, tmp_path: Path) -> None:
     """New metrics reach the learning curves, and new log lines the trial's log view, within 2 s."""
     exp, (trial,) = ui_master.data["single"], ui_master.data["single_trials"]
-    log = tmp_path / "output.log"
+    log = ui_master.app.state.det.config.job_storage_dir() / f"live-{tmp_path.name}" / "output.log"
+    log.parent.mkdir(parents=True)  # below the job storage root: the master reads logs from nowhere else
     log.write_text("[rank=0] starting\n[rank=1] starting\n")
     with transaction(sessions_of(ui_master)) as s:
         run = s.query(TrialRunModel).filter_by(trial_id=trial).one()
