@@ -245,7 +245,8 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
 
 def make_lifecycle_loop(state: Any) -> Any:
     """The loop that drives searchers and Slurm jobs (Slurm's command-line tools must be on PATH)."""
-    from hpc_master.lifecycle.jobs import PLATFORM_ROOT, JobDriver
+    from hpc_master.lifecycle.job_host import PLATFORM_ROOT
+    from hpc_master.lifecycle.jobs import JobDriver
     from hpc_master.lifecycle.loop import LifecycleLoop
     from hpc_master.services.checkpoint_gc import CheckpointCollector
     from hpc_master.services.checkpoint_policy import GCPolicy

@@ -35,7 +35,6 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-import hpc_master
 import userfiles
 from harness.exec.job_plan import EXIT_FILE
 from hpc_master.db.engine import transaction
@@ -43,6 +42,13 @@ from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel, Use
 from hpc_master.errors import ClientError, SlurmError
 from hpc_master.expconf import ExperimentConfig, parse_experiment_config
 from hpc_master.lifecycle.configs import LEAN_EXPERIMENT, ConfigKey, DerivedConfigs, config_key
+from hpc_master.lifecycle.job_host import (
+    PLATFORM_ROOT,
+    ensure_image_cache,
+    job_account,
+    master_url_for_jobs,
+    read_exit,
+)
 from hpc_master.lifecycle.outcomes import RunContext, classify, describe
 from hpc_master.lifecycle.priorities import KnobCache, Renicer, within_max_slots
 from hpc_master.lifecycle.waiting import (
@@ -73,33 +79,7 @@ from slurm_backend import JobStatus, Outcome, Poller, SlurmCli
 from slurm_backend.cli import SlurmUnavailableError, SubmitLimitError
 
 log = logging.getLogger(__name__)
-PLATFORM_ROOT = str(Path(hpc_master.__file__).resolve().parents[1])
 CONTEXT_FILE = "context.tar.gz"
-JOB_PACKAGES = (
-    "harness",
-    "containers",
-    "launchers",
-    "determined_compat",
-)  # what jobs import from the platform's install
-
-
-def compile_job_code(root: str = PLATFORM_ROOT) -> bool:
-    """Compile the job-side packages' bytecode into their ``__pycache__``.
-
-    Jobs import these packages as their owner's Unix account, which usually cannot write to the master's
-    install, so without bytecode compiled here every job compiles them from source again (measured: 18 ms of
-    the job entry's 89 ms start). ``pip install`` compiles at install time; a source checkout or an editable
-    install does not. Best effort: what cannot be written (a read-only install) stays as it is. Returns
-    whether everything compiled.
-    """
-    import compileall
-
-    ok = True
-    for package in JOB_PACKAGES:
-        path = os.path.join(root, package)
-        if os.path.isdir(path):
-            ok = bool(compileall.compile_dir(path, quiet=2)) and ok
-    return ok
 
 
 @dataclass(frozen=True)
@@ -122,19 +102,6 @@ class _Submission:
     token: str
 
 
-def master_url_for_jobs(config: MasterConfig) -> str:
-    """The URL jobs on the compute nodes use to reach the master (`external_url` when the admin set it)."""
-    if config.external_url:
-        return config.external_url.rstrip("/")
-    scheme = "https" if config.tls.cert else "http"
-    host = config.listen.host
-    if host in ("0.0.0.0", "::", ""):
-        import socket
-
-        host = socket.getfqdn()
-    return f"{scheme}://{host}:{config.listen.port}"
-
-
 class JobDriver:
     def __init__(
         self,
@@ -155,6 +122,7 @@ class JobDriver:
         self.python = python or os.environ.get("DET_JOB_PYTHON") or sys.executable
         self.cluster_id = cluster_id
         self.job_storage_root = str(config.job_storage_root or get_job_storage_root())
+        self._tensorboard_warned: set[str] = set()
         self.master_url = master_url_for_jobs(config)
         self.running_as_root = os.geteuid() == 0
         self.configs: DerivedConfigs[ExperimentConfig] = DerivedConfigs(parse_experiment_config)
@@ -361,8 +329,10 @@ class JobDriver:
             write_run_dir(plan, self.job_storage_root, uid=uid, gid=gid)
             master_root = str(self.config.checkpoint_dir())
             if uid is not None and checkpoint_root_of(config, master_root) == master_root:
-                make_tensorboard_dir(master_root, sub.experiment_id, uid, gid)  # a root master, its storage
-            _ensure_image_cache(plan.plan)
+                self._make_tensorboard_dir(
+                    master_root, sub.experiment_id, uid, gid
+                )  # a root master, its storage
+            ensure_image_cache(plan.plan)
             if sub.has_context:
                 self._write_context_once(sub.experiment_id, Path(context_path), uid, gid)
         except (ClientError, OSError) as e:
@@ -474,6 +444,20 @@ class JobDriver:
         if reason != current:
             with self._tx() as s:
                 write_pending_reason(s, run_id, reason)
+
+    def _make_tensorboard_dir(self, root: str, experiment_id: int, uid: int, gid: int | None) -> None:
+        """The experiment's TensorBoard directory, made by the master; where an older master let a user make
+        ``tensorboard/experiment``, the trials make their own as they did then, and the admin is told once."""
+        try:
+            make_tensorboard_dir(root, experiment_id, uid, gid)
+        except userfiles.UnsafePathError as e:
+            if root not in self._tensorboard_warned:
+                self._tensorboard_warned.add(root)
+                log.warning(
+                    "TensorBoard directories under %s are not the master's (%s): trials make their own, as "
+                    "before; chown %s/tensorboard and %s/tensorboard/experiment to the master's account "
+                    "(docs/security.md)", root, e, root, root,
+                )  # fmt: skip
 
     def _write_context_once(self, experiment_id: int, path: Path, uid: int | None, gid: int | None) -> None:
         """The experiment's context archive, written next to its trials' directories by its first submission
@@ -606,42 +590,6 @@ def record_run_end(
     )
     reason = classify(status, exit_info, ctx)
     return reason, svc.finish_trial_run(session, run_id, reason, message or describe(status, exit_info))
-
-
-def _ensure_image_cache(plan: dict[str, Any]) -> None:
-    """A trial in a pulled image needs the pool's cache directory, which its owner may not be able to create."""
-    cache_dir = (plan.get("container") or {}).get("cache_dir")
-    if cache_dir:
-        from containers.images import ensure_cache_dir
-
-        ensure_cache_dir(str(cache_dir))
-
-
-def job_account(owner_name: str, unix_user: str | None) -> tuple[int, int]:
-    """(uid, gid) of the Unix account a user's jobs run as (a root master's jobs: trials' and tasks')."""
-    if not unix_user:
-        raise ClientError(
-            f"user {owner_name!r} has no Unix account to run jobs as; an admin sets one with "
-            f"`det user edit {owner_name} --unix-username NAME`",
-            code="no_unix_account",
-        )
-    try:
-        pw = pwd.getpwnam(unix_user)
-    except KeyError:
-        raise ClientError(f"Unix account {unix_user!r} does not exist on the master's host") from None
-    if pw.pw_uid == 0:
-        raise ClientError("jobs never run as root; give the user a non-root Unix account")
-    return pw.pw_uid, pw.pw_gid
-
-
-def read_exit(anchor: str, path: str) -> dict[str, Any] | None:
-    """A job's ``exit.json`` (harness.exec.job_entry) at `path` below `anchor` (the job storage root), or None
-    when there is none or it cannot be read: a link, a FIFO or anything but a small regular file included."""
-    try:
-        data = userfiles.read_json(anchor, userfiles.relative_parts(anchor, path))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _has_context(session: Session, experiment_id: int) -> bool:

@@ -19,7 +19,8 @@ from hpc_master.db.engine import transaction
 from hpc_master.db.models import ExperimentModel
 from hpc_master.lifecycle import searchers
 from hpc_master.lifecycle.configs import LEAN_EXPERIMENT
-from hpc_master.lifecycle.jobs import JobDriver, compile_job_code
+from hpc_master.lifecycle.job_host import compile_job_code
+from hpc_master.lifecycle.jobs import JobDriver
 from hpc_master.services import lifecycle as svc
 from hpc_master.services import notify
 from hpc_master.services.checkpoint_gc import CheckpointCollector

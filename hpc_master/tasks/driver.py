@@ -28,7 +28,7 @@ from harness.exec.serve_door import PROOF_NAME, proof
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import TaskModel, UserModel, utcnow
 from hpc_master.errors import ClientError, SlurmError
-from hpc_master.lifecycle.jobs import job_account, read_exit
+from hpc_master.lifecycle.job_host import job_account, read_exit
 from hpc_master.masterconf import MasterConfig
 from hpc_master.tasks import service as svc
 from hpc_master.tasks.config import TaskType, duration_s, parse_task_config

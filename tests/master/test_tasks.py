@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from harness.exec import serve_door
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import TaskModel
-from hpc_master.lifecycle.jobs import PLATFORM_ROOT
+from hpc_master.lifecycle.job_host import PLATFORM_ROOT
 from hpc_master.lifecycle.loop import LifecycleLoop
 from hpc_master.masterconf import MasterConfig
 from hpc_master.services.lifecycle import mint_trial_token

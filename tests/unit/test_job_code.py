@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from hpc_master.lifecycle.jobs import JOB_PACKAGES, compile_job_code
+from hpc_master.lifecycle.job_host import JOB_PACKAGES, compile_job_code
 
 
 def test_compile_job_code_writes_bytecode_for_every_job_module(tmp_path: Path) -> None:
