@@ -168,3 +168,26 @@ def test_as_root_tensorboard_parents_stay_the_masters_and_each_experiment_is_its
     with pytest.raises(userfiles.UnsafePathError, match="must be uid 0"):
         make_tensorboard_dir(str(root), 3, 65534, 65534)
     assert not (shared / "3").exists()
+
+
+@pytest.mark.root
+def test_as_root_a_users_tensorboard_parent_is_warned_about_once_and_submissions_go_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where an older master let the first trial make ``tensorboard/experiment``, submissions still work (the
+    trials make their own directories, as before) and the admin is told once."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    from types import SimpleNamespace
+
+    from hpc_master.lifecycle.jobs import JobDriver
+
+    root = tmp_path / "checkpoints"
+    (root / "tensorboard" / "experiment").mkdir(parents=True)
+    os.chown(root / "tensorboard", 4242, 4242)
+    driver = SimpleNamespace(_tensorboard_warned=set())
+    for exp in (1, 2):
+        JobDriver._make_tensorboard_dir(driver, str(root), exp, 65534, 65534)  # type: ignore[arg-type]
+    warned = [r for r in caplog.records if "are not the master's" in r.getMessage()]
+    assert len(warned) == 1 and f"chown {root}/tensorboard" in warned[0].getMessage()
+    assert not (root / "tensorboard" / "experiment" / "1").exists()
