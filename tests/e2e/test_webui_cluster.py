@@ -68,7 +68,7 @@ def test_pause_activate_and_live_logs_from_the_ui(
         p.goto(f"/experiments/{exp}?group=training&metric=x")
         p.wait_for_selector("#learning-curves[data-series='1']", timeout=10_000)
         p.click("button[data-action=pause]")
-        p.wait_for_selector("#exp-state:has-text('PAUSED')", timeout=5_000)
+        p.wait_for_selector("#exp-state:has-text('PAUSED')", timeout=15_000)
         paused = _trial(master, alice, exp, lambda t: t["state"] == "STATE_PAUSED", "the trial to pause")
         assert _trial(master, alice, exp, lambda t: t["latestCheckpointUuid"], "a checkpoint")
         wait_for(lambda: not master.jobs_of(exp), 30, "the paused trial's Slurm job to leave Slurm")
