@@ -81,9 +81,10 @@ def job_account(owner_name: str, unix_user: str | None) -> tuple[int, int]:
     return pw.pw_uid, pw.pw_gid
 
 
-def read_exit(anchor: str, path: str) -> dict[str, Any] | None:
-    """A job's ``exit.json`` (harness.exec.job_entry) at `path` below `anchor` (the job storage root), or None
-    when there is none or it cannot be read: a link, a FIFO or anything but a small regular file included."""
+def read_run_json(anchor: str, path: str) -> dict[str, Any] | None:
+    """A JSON object the job wrote at `path` below `anchor` (the job storage root): its ``exit.json``
+    (harness.exec.job_entry) or a server's ``service.json``; None when there is none or it cannot be read: a
+    link, a FIFO or anything but a small regular file included."""
     try:
         data = userfiles.read_json(anchor, userfiles.relative_parts(anchor, path))
     except (OSError, ValueError):

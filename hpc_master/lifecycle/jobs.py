@@ -47,7 +47,7 @@ from hpc_master.lifecycle.job_host import (
     ensure_image_cache,
     job_account,
     master_url_for_jobs,
-    read_exit,
+    read_run_json,
 )
 from hpc_master.lifecycle.outcomes import RunContext, classify, describe
 from hpc_master.lifecycle.priorities import KnobCache, Renicer, within_max_slots
@@ -553,7 +553,7 @@ class JobDriver:
 
     def _finish(self, run_id: int, exp_id: int, trial_id: int, run_number: int, status: JobStatus) -> None:
         _, run_dir = run_dirs(self.job_storage_root, exp_id, trial_id, run_number)
-        exit_info = read_exit(self.job_storage_root, posixpath.join(run_dir, EXIT_FILE))
+        exit_info = read_run_json(self.job_storage_root, posixpath.join(run_dir, EXIT_FILE))
         with self._tx() as s:
             ended = record_run_end(s, run_id, status, exit_info, self.config.preemption.signal)
         if ended is None:

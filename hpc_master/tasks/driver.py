@@ -28,7 +28,7 @@ from harness.exec.serve_door import PROOF_NAME, proof
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import TaskModel, UserModel, utcnow
 from hpc_master.errors import ClientError, SlurmError
-from hpc_master.lifecycle.job_host import job_account, read_exit
+from hpc_master.lifecycle.job_host import job_account, read_run_json
 from hpc_master.masterconf import MasterConfig
 from hpc_master.tasks import service as svc
 from hpc_master.tasks.config import TaskType, duration_s, parse_task_config
@@ -284,7 +284,7 @@ class TaskDriver:
                     continue
             if status.is_terminal or status.outcome is Outcome.UNSCHEDULABLE:
                 self._finish(
-                    task_id, status, read_exit(self.job_storage_root, posixpath.join(run_dir, EXIT_FILE))
+                    task_id, status, read_run_json(self.job_storage_root, posixpath.join(run_dir, EXIT_FILE))
                 )
                 self.poller.unwatch(job_id)
                 ended += 1
@@ -405,7 +405,7 @@ def service_address(
     if len(nodes) != 1 or not token:
         return None
     host = nodes[0]
-    info = read_exit(anchor, path)
+    info = read_run_json(anchor, path)
     if info is None:
         return None
     port = info.get("port")
