@@ -20,14 +20,18 @@ import pathlib
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness._http import MasterSession, retry
 from harness.core._distributed import DistributedContext
 
+if TYPE_CHECKING:
+    from harness.core._async_save import InFlight, StagingBuffer
+
 logger = logging.getLogger("harness.core")
 
 METADATA_FILE = "metadata.json"
+STATE_FILE = "state_dict.pth"
 Selector = Callable[[str], bool]
 
 
@@ -91,6 +95,10 @@ class CheckpointContext:
         self._session = session
         self._trial_id = trial_id
         self._run_id = trial_run_id
+        self._inflight: InFlight | None = None
+        self._staging: StagingBuffer | None = None
+        # Set by core.Context: True once should_preempt() said so; asynchronous saves then become final ones.
+        self._stopping: Callable[[], bool] = lambda: False
 
     @property
     def base_path(self) -> pathlib.Path:
@@ -199,9 +207,16 @@ class CheckpointContext:
         return out
 
     def _finish(self, tmp: pathlib.Path, storage_id: str, metadata: dict[str, Any]) -> None:
+        self._seal(tmp, metadata)
+        self._publish(tmp, storage_id, metadata)
+
+    @staticmethod
+    def _seal(tmp: pathlib.Path, metadata: dict[str, Any]) -> None:
         with open(tmp / METADATA_FILE, "w", encoding="utf-8") as f:
             json.dump(metadata, f, indent=2, sort_keys=True)
         fsync_tree(tmp)
+
+    def _publish(self, tmp: pathlib.Path, storage_id: str, metadata: dict[str, Any]) -> None:
         final = self._path(storage_id)
         os.rename(tmp, final)
         _fsync_path(self._base)
@@ -238,6 +253,112 @@ class CheckpointContext:
             if ckpt_dir is not None:
                 _copy_tree(pathlib.Path(ckpt_dir), path, selector)
         return storage_id
+
+    # -- saving a state object (our extension; Determined's client has no asynchronous save) --------
+    def save_state(
+        self,
+        state: Any,
+        metadata: dict[str, Any] | None = None,
+        *,
+        asynchronous: bool = False,
+        filename: str = STATE_FILE,
+        shard: bool = False,
+    ) -> str:
+        """``torch.save(state)`` as ``filename`` in a new checkpoint; returns its storage_id.
+
+        With ``asynchronous=True`` the call returns once ``state`` is staged in memory (see
+        ``harness/core/_async_save.py``); the checkpoint is durable and registered later, in the background.
+        ``wait()`` blocks until it is. At most one save is in flight; when the next save comes while one is:
+
+        - it has the same ``steps_completed`` (no training step since): the one in flight is that save;
+        - it is a final save (``asynchronous=False``, or any save once ``should_preempt()`` said True): the one
+          in flight is abandoned (its incomplete directory removed, nothing registered) and this one is
+          written at once, synchronously;
+        - otherwise it waits for the one in flight, then is staged.
+        """
+        name = pathlib.PurePosixPath(filename)
+        if not filename or name.is_absolute() or ".." in name.parts or filename == METADATA_FILE:
+            raise ValueError(f"filename: {filename!r} must be a relative name other than {METADATA_FILE}")
+        if shard and asynchronous:
+            raise ValueError(
+                "save_state(asynchronous=True) does not take shard=True: sharded state (DeepSpeed, FSDP) is "
+                "saved synchronously (store_path(shard=True)); for asynchronous sharded saves use "
+                "torch.distributed.checkpoint.async_save"
+            )
+        from harness.core import _async_save
+
+        if shard:
+            with self.store_path(metadata, shard=True) as (path, storage_id):
+                _async_save.write_state(state, path / filename)
+            return storage_id
+        if self._dist.rank != 0:
+            raise RuntimeError("save_state(shard=False) may only be called on the chief (rank 0)")
+        metadata = self._check_metadata(metadata)
+        steps = metadata.get("steps_completed")
+        final = not asynchronous or self._stopping()
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            if not inflight.done and steps is not None and inflight.steps == steps:
+                if final:
+                    inflight.wait()
+                else:
+                    self._inflight = inflight
+                return inflight.storage_id  # no training step since it started: it is this save
+            if final and not inflight.done:
+                if not inflight.abandon():
+                    inflight.wait()  # it was already committing: it completed (or says why not)
+            else:
+                inflight.wait()
+        if final:
+            with self.store_path(metadata) as (path, storage_id):
+                _async_save.write_state(state, path / filename)
+            return storage_id
+        return self._start_async(state, metadata, filename, steps)
+
+    def _start_async(self, state: Any, metadata: dict[str, Any], filename: str, steps: Any) -> str:
+        from harness.core import _async_save
+
+        storage_id = str(uuid.uuid4())
+        tmp = self._base / f".{storage_id}.tmp"
+        tmp.mkdir(parents=True)
+        try:
+            if self._staging is None:
+                self._staging = _async_save.StagingBuffer()
+            staged, events = self._staging.stage(state)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+        def write(cancel: Any) -> None:
+            for event in events:
+                event.synchronize()
+            _async_save.write_state(staged, tmp / filename, cancel)
+            if cancel.is_set():
+                raise _async_save.SaveAbandoned()
+            self._seal(tmp, metadata)
+
+        self._inflight = _async_save.InFlight(
+            storage_id,
+            steps,
+            tmp,
+            self._path(storage_id),
+            write,
+            lambda: self._publish(tmp, storage_id, metadata),
+        )
+        self._inflight.start()
+        return storage_id
+
+    def wait(self) -> str | None:
+        """Block until the asynchronous save in flight is durable and registered; its storage_id, or None."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return None
+        inflight.wait()
+        return None if inflight.abandoned else inflight.storage_id
+
+    def close(self) -> None:
+        """Called by ``core.Context`` on exit: a save in flight is completed, not dropped."""
+        self.wait()
 
     # -- reading -------------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -45,6 +45,8 @@ class Context:
         self.train = train or DummyTrainContext()
         self.searcher = searcher or DummySearcherContext(self.distributed)
         self.info = info
+        preempt_ = self.preempt
+        self.checkpoint._stopping = lambda: preempt_.answered_true
         self._shipper = _shipper
         self._session = _session
         self._started = False
@@ -69,6 +71,12 @@ class Context:
             return
         self._closed = True
         try:
+            try:
+                self.checkpoint.close()  # an asynchronous save in flight is completed and registered
+            except Exception:
+                if exc_val is None:
+                    raise
+                logger.exception("while closing after %s", type(exc_val).__name__)
             self.train.close()
             if self._shipper is not None:
                 self._shipper.close(float(os.environ.get("DET_METRICS_CLOSE_TIMEOUT_S") or 120))

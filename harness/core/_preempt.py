@@ -150,6 +150,7 @@ class PreemptContext:
             self._watcher = _PreemptionWatcher(session, allocation_id, longpoll_s)
         self._started = False
         self._ack_sent = False
+        self.answered_true = False  # should_preempt() returned True at least once
 
     def start(self) -> PreemptContext:
         if self._started:
@@ -196,6 +197,8 @@ class PreemptContext:
         out = self._local_view()
         if mode == PreemptMode.WorkersAskChief:
             out = any(self._dist.allgather(out))
+        if out:
+            self.answered_true = True
         if (
             out
             and auto_ack

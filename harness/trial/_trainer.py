@@ -11,9 +11,9 @@ epoch, batches trained), so a resumed trial sees the same batches an uninterrupt
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import math
+import os
 import pickle
 import random
 import sys
@@ -64,6 +64,14 @@ class Epoch(_Length):
 
 class Record(_Length):
     unit = "records"
+
+
+def async_checkpoints_default() -> bool:
+    """``DET_ASYNC_CHECKPOINTS``: ``1``/``true`` (the default) or ``0``/``false``."""
+    raw = os.environ.get("DET_ASYNC_CHECKPOINTS", "1").strip().lower()
+    if raw not in ("1", "0", "true", "false", "yes", "no"):
+        raise ValueError(f"DET_ASYNC_CHECKPOINTS: {raw!r} is not one of 1, 0, true, false")
+    return raw in ("1", "true", "yes")
 
 
 def _rng_state() -> dict[str, Any]:
@@ -119,6 +127,7 @@ class Trainer:
         self._last_ckpt = -1
         self._steps_at_restore = 0
         self.preempted = False
+        self.async_checkpoints = async_checkpoints_default()
 
     # -- state ---------------------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
@@ -136,7 +145,8 @@ class Trainer:
             },
         }
 
-    def checkpoint(self) -> str:
+    def checkpoint(self, *, final: bool = True) -> str:
+        """Save the trial's state. A periodic save (``final=False``) is asynchronous when enabled."""
         rngs = self.dist.allgather(pickle.dumps(_rng_state()))
         sid: str | None = None
         if self.dist.rank == 0:
@@ -145,15 +155,20 @@ class Trainer:
                 "framework": f"torch-{torch.__version__}",
                 "format": "pickle",
             }
-            with self.core.checkpoint.store_path(md) as (path, sid):
-                state = self._state()
-                state["rng_states"] = rngs
-                torch.save(state, path / STATE_FILE)
-                (path / "trial_state.json").write_text(json.dumps(state["trial_state"]))
+            state = self._state()
+            state["rng_states"] = rngs
+            sid = self.core.checkpoint.save_state(
+                state, md, asynchronous=self.async_checkpoints and not final, filename=STATE_FILE
+            )
         sid = self.dist.broadcast(sid)
         self._last_ckpt = self.batches_trained
         assert sid is not None
         return sid
+
+    def _checkpoint_durable(self) -> None:
+        """Before returning from fit(): the asynchronous save still in flight is durable and registered."""
+        if self.dist.rank == 0:
+            self.core.checkpoint.wait()
 
     def restore(self, storage_id: str) -> None:
         with self.core.checkpoint.restore_path(storage_id) as path:
@@ -265,9 +280,18 @@ class Trainer:
         checkpoint_period: Any = None,
         validation_period: Any = None,
         reporting_period: Any = None,
+        *,
+        async_checkpoints: bool | None = None,
     ) -> bool:
-        """Train; True when the trial finished, False when it stopped for preemption."""
+        """Train; True when the trial finished, False when it stopped for preemption.
+
+        ``async_checkpoints`` (ours, not Determined's): periodic checkpoints are staged in memory and written in
+        the background (``CheckpointContext.save_state(asynchronous=True)``); the final checkpoint of a
+        preemption, a pause or the end is synchronous. Default: ``DET_ASYNC_CHECKPOINTS`` (``1``).
+        """
         c = self.context
+        if async_checkpoints is not None:
+            self.async_checkpoints = bool(async_checkpoints)
         if latest_checkpoint:
             self.restore(latest_checkpoint)
         loader, batches = self._loader(self.trial.build_training_data_loader(), training=True)
@@ -321,13 +345,14 @@ class Trainer:
                 if val_period and self.batches_trained % val_period == 0:
                     self.validate()
                 if ckpt_period and self.batches_trained % ckpt_period == 0:
-                    self.checkpoint()
+                    self.checkpoint(final=False)
                 stop = self.core.preempt.should_preempt()
                 if stop or self._stop_requested():
                     if mean.count:
                         self._report_training(mean, batch_metrics)
                     if self._last_ckpt != self.batches_trained:
                         self.checkpoint()
+                    self._checkpoint_durable()
                     if stop:
                         self.preempted = True
                         return False
@@ -338,6 +363,7 @@ class Trainer:
                 op.report_completed(self._searcher_metric(metrics))
         if self._last_ckpt != self.batches_trained:
             self.checkpoint()
+        self._checkpoint_durable()
         return True
 
     def _last_metrics(self) -> dict[str, float]:
