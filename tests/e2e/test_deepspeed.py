@@ -104,6 +104,10 @@ def test_deepspeed_zero1_on_two_nodes_pauses_and_resumes_like_an_uninterrupted_r
     trial = _only_trial(master, alice, exp)
     first, second = _run_logs(master, exp, trial["id"])
     _check_started(first, 0)
+    refused = re.findall(r"^\[rank=\d\] ASYNC REFUSED .*shard=True.*DeepSpeed.*async_save", first, re.M)
+    assert len(refused) == 4, first[
+        -4000:
+    ]  # save_state(asynchronous=True) refuses sharded state on every rank
     stopped = {int(s) for s in re.findall(r"^\[rank=\d\] preempted at step (\d+)", first, re.M)}
     assert len(stopped) == 1 and "Traceback" not in first, first[-4000:]
     (at,) = stopped
