@@ -113,8 +113,11 @@ class StagingBuffer:
         if t.layout != torch.strided or t.device.type not in ("cpu", "cuda"):
             return t.detach().to("cpu", copy=True)  # rare layouts: a fresh copy, not buffered
         cuda = t.device.type == "cuda"
-        buf = self._buffers.get(key)
+        buf = self._buffers.pop(
+            key, None
+        )  # popped: a buffer that no longer fits is freed before its successor
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+            buf = None
             buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=cuda)
             self.allocated_bytes += buf.numel() * buf.element_size()
             self.allocations += 1
