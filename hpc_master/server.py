@@ -276,6 +276,7 @@ def make_lifecycle_loop(state: Any) -> Any:
         python=jobs.python,
         master_url=jobs.master_url,
         cluster_id=state.cluster_id,
+        slurm=jobs.slurm,  # one way to Slurm: one backoff while the controller is away, one submit-limit hold
     )
     interval_s = min(2.0, config.poll_interval_s)
     return LifecycleLoop(state.sessions, jobs, interval_s=interval_s, collector=collector, tasks=tasks)

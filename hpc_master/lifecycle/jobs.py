@@ -39,7 +39,7 @@ import userfiles
 from harness.exec.job_plan import EXIT_FILE
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel, UserModel
-from hpc_master.errors import ClientError, SlurmError
+from hpc_master.errors import ClientError
 from hpc_master.expconf import ExperimentConfig, parse_experiment_config
 from hpc_master.lifecycle.configs import LEAN_EXPERIMENT, ConfigKey, DerivedConfigs, config_key
 from hpc_master.lifecycle.job_host import (
@@ -51,10 +51,10 @@ from hpc_master.lifecycle.job_host import (
 )
 from hpc_master.lifecycle.outcomes import RunContext, classify, describe
 from hpc_master.lifecycle.priorities import KnobCache, Renicer, within_max_slots
+from hpc_master.lifecycle.slurm_jobs import ByComment, JobToSubmit, Lost, Refused, SlurmJobs, Submitted, Waits
 from hpc_master.lifecycle.waiting import (
     SLURM_UNAVAILABLE,
     Prepared,
-    SubmitGate,
     Waiting,
     list_waiting,
     pending_reasons,
@@ -76,7 +76,6 @@ from hpc_master.trialjob import (
 )
 from hpc_master.trialjob_files import make_tensorboard_dir, write_bytes, write_run_dir
 from slurm_backend import JobStatus, Outcome, Poller, SlurmCli
-from slurm_backend.cli import SlurmUnavailableError, SubmitLimitError
 
 log = logging.getLogger(__name__)
 CONTEXT_FILE = "context.tar.gz"
@@ -114,11 +113,14 @@ class JobDriver:
         cluster_id: str = "hpc-det",
         limit_retry_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        slurm: SlurmJobs | None = None,
     ) -> None:
         self.sessions = sessions
         self.config = config
         self.cli = cli
         self.poller = poller
+        self.slurm = slurm or SlurmJobs(cli, poller, limit_retry_s=limit_retry_s, clock=clock)
+        """Submit, adopt, cancel, poll: shared with the tasks' driver (one gate for the whole master)."""
         self.python = python or os.environ.get("DET_JOB_PYTHON") or sys.executable
         self.cluster_id = cluster_id
         self.job_storage_root = str(config.job_storage_root or get_job_storage_root())
@@ -127,7 +129,7 @@ class JobDriver:
         self.running_as_root = os.geteuid() == 0
         self.configs: DerivedConfigs[ExperimentConfig] = DerivedConfigs(parse_experiment_config)
         """Parsed configs by experiment: a grid of thousands of trials decodes its config once."""
-        self.gate = SubmitGate(poller, limit_retry_s=limit_retry_s, clock=clock)
+        self.gate = self.slurm.gate
         self.knobs = KnobCache()
         """Each experiment's priority and max_slots, re-read only when its row changes."""
         self.renicer = Renicer(config, cli, poller, self.knobs, clock=clock)
@@ -168,7 +170,7 @@ class JobDriver:
         return submitted
 
     def slurm_unavailable(self) -> bool:
-        return self.gate.slurm_unavailable()
+        return self.slurm.unavailable()
 
     def renice_pending(self) -> int:
         """Pending jobs of experiments whose priority changed get their new ``--nice``."""
@@ -182,25 +184,14 @@ class JobDriver:
         prepared = self._prepared.get(run.run_id)
         return prepared is None or prepared.check_comment
 
-    def _jobs_by_comment(self, waiting: list[Waiting]) -> dict[str | None, dict[str, list[str]]] | None:
+    def _jobs_by_comment(self, waiting: list[Waiting]) -> ByComment | None:
         """Slurm's jobs by comment, one squeue per Unix account of the runs that need a look; None when the
         controller does not answer (those runs wait)."""
-        users = {
-            run.owner_unix if self.running_as_root else None for run in waiting if self._needs_check(run)
-        }
-        if not users or self.slurm_unavailable():
-            return None if users else {}
-        known: dict[str | None, dict[str, list[str]]] = {}
-        try:
-            with self.cli.retries_at_most(0):  # our backoff is the retry
-                for user in users:
-                    known[user] = self.cli.jobs_by_comment(user=user)
-        except SlurmUnavailableError as e:
-            self.gate.note_unavailable(e)
-            return None
-        return known
+        return self.slurm.jobs_by_comment(
+            {run.owner_unix if self.running_as_root else None for run in waiting if self._needs_check(run)}
+        )
 
-    def _submit_waiting(self, run: Waiting, known: dict[str | None, dict[str, list[str]]] | None) -> int:
+    def _submit_waiting(self, run: Waiting, known: ByComment | None) -> int:
         prepared = self._prepared.get(run.run_id)
         if self._needs_check(run):
             user = run.owner_unix if self.running_as_root else None
@@ -361,66 +352,45 @@ class JobDriver:
         return prepared
 
     def _try_sbatch(self, prepared: Prepared, pending_reason: str | None = None) -> int:
-        """sbatch the prepared job unless Slurm said to wait; 1 if it was submitted."""
-        if self.slurm_unavailable():
-            self._set_pending_reason(prepared.run_id, SLURM_UNAVAILABLE, pending_reason)
+        """sbatch the prepared job unless Slurm said to wait; 1 if it was submitted (or adopted)."""
+        result = self.slurm.submit(
+            JobToSubmit(prepared.script, prepared.comment, prepared.as_user, prepared.limit_key)
+        )
+        if isinstance(result, Waits):
+            if (
+                result.check_comment
+            ):  # the answer was lost and Slurm could not say: look before the next sbatch
+                prepared.check_comment = True
+            if result.reason != SLURM_UNAVAILABLE:
+                log.debug("trial %s waits in the master: %s", prepared.trial_id, result.reason)
+            self._set_pending_reason(prepared.run_id, result.reason, pending_reason)
             return 0
-        held = self.gate.held(prepared.limit_key)
-        if held is not None:
-            self._set_pending_reason(prepared.run_id, held, pending_reason)
-            return 0
-        try:
-            with self.cli.retries_at_most(0):  # our backoff is the retry
-                job_id = self.cli.submit(prepared.script, as_user=prepared.as_user)
-        except SubmitLimitError as e:
-            log.info("trial %s waits in the master: %s", prepared.trial_id, e)
-            self.gate.hold(prepared.limit_key, e.reason)
-            self._set_pending_reason(prepared.run_id, e.reason, pending_reason)
-            return 0
-        except SlurmUnavailableError as e:
-            if e.ambiguous and self._adopt(prepared):
-                return 1
-            self.gate.note_unavailable(e)
-            self._set_pending_reason(prepared.run_id, SLURM_UNAVAILABLE, pending_reason)
-            return 0
-        except ClientError as e:  # SubmitRefusedError: what the job asks for can never run here
-            self._fail_submission(prepared.run_id, prepared.trial_id, TerminationReason.SUBMIT_FAILED, str(e))
-            return 0
-        except SlurmError as e:
-            # sbatch answered with an error nobody knows: the run is lost (restarted while restarts last).
+        if isinstance(result, Refused):
             self._fail_submission(
-                prepared.run_id, prepared.trial_id, TerminationReason.JOB_LOST, f"sbatch failed: {e}"
+                prepared.run_id, prepared.trial_id, TerminationReason.SUBMIT_FAILED, result.message
             )
             return 0
-        self.gate.note_submitted(prepared.limit_key)
-        self.renicer.submitted(job_id, prepared.nice)
-        self._record_job(prepared.run_id, job_id, prepared.output_path)
-        log.info("trial %s run %s submitted as Slurm job %s", prepared.trial_id, prepared.run_number, job_id)
-        return 1
-
-    def _adopt(self, prepared: Prepared) -> bool:
-        """After an answer that may have been lost: the job carrying this run's comment, if Slurm has it.
-        When Slurm cannot say, the run is looked for again before its next sbatch (`check_comment`)."""
-        try:
-            with self.cli.retries_at_most(0):
-                found = self.cli.find_by_comment(prepared.comment, user=prepared.as_user)
-        except SlurmError:
-            prepared.check_comment = True
-            return False
-        if not found:
-            return False
+        if isinstance(result, Lost):  # the run is lost (restarted while restarts last)
+            self._fail_submission(
+                prepared.run_id, prepared.trial_id, TerminationReason.JOB_LOST, result.message
+            )
+            return 0
+        assert isinstance(result, Submitted)
+        if not result.adopted:
+            self.renicer.submitted(result.job_id, prepared.nice)
+        self._record_job(prepared.run_id, result.job_id, prepared.output_path)
         log.info(
-            "sbatch's answer was lost, but Slurm has job %s for %s: adopting it", found[0], prepared.comment
-        )
-        self._record_job(prepared.run_id, found[0], prepared.output_path)
-        return True
+            "trial %s run %s %s Slurm job %s", prepared.trial_id, prepared.run_number,
+            "adopted" if result.adopted else "submitted as", result.job_id,
+        )  # fmt: skip
+        return 1
 
     def _record_job(self, run_id: int, job_id: str, log_path: str | None) -> None:
         self._prepared.pop(run_id, None)
         with self._tx() as s:
             svc.start_trial_run(s, run_id, job_id, log_path=log_path)
             write_pending_reason(s, run_id, None)
-        self.poller.watch(job_id)
+        self.slurm.watch(job_id)
 
     def _fail_submission(self, run_id: int, trial_id: int, reason: TerminationReason, message: str) -> None:
         log.warning("submitting trial %s failed: %s", trial_id, message)
@@ -486,34 +456,12 @@ class JobDriver:
             kill = run.trial_state == TrialState.STOPPING_KILLED
             # Asked to stop before it started: cancel it, but only if Slurm itself still says it is pending
             # (our record lags behind Slurm between polls; a running job checkpoints and exits by itself).
-            status = self.poller.status(run.slurm_job_id)
+            status = self.slurm.status(run.slurm_job_id)
             never_started = run.preempt_requested and status is not None and status.outcome is Outcome.PENDING
-            if never_started and not kill and not self._still_pending(run.slurm_job_id):
+            if never_started and not kill and not self.slurm.still_pending(run.slurm_job_id):
                 continue  # it started since the last poll: it checkpoints and exits by itself
-            if (kill or never_started) and not self._cancel(run.slurm_job_id):
+            if (kill or never_started) and not self.slurm.cancel(run.slurm_job_id):
                 return
-
-    def _still_pending(self, job_id: str) -> bool:
-        """Asked of Slurm right before a cancel: the poller's last answer may be a second old, and a job that
-        started meanwhile (a run with only its last validation to do ends in two seconds) must not be killed."""
-        try:
-            with self.cli.retries_at_most(0):
-                status = self.cli.squeue([job_id]).get(job_id)
-        except SlurmError:
-            return False  # asked again next tick
-        return status is not None and status.outcome is Outcome.PENDING
-
-    def _cancel(self, job_id: str) -> bool:
-        """scancel; False when the controller did not answer (the caller stops asking it for now)."""
-        try:
-            with self.cli.retries_at_most(0):  # tried again next tick, or after the backoff
-                self.cli.cancel(job_id)
-        except SlurmUnavailableError as e:
-            self.gate.note_unavailable(e)
-            return False
-        except SlurmError as e:
-            log.warning("scancel %s failed: %s", job_id, e)
-        return True
 
     # ---- poll -----------------------------------------------------------------------------------------
     def poll(self) -> int:
@@ -524,8 +472,7 @@ class JobDriver:
             live = svc.list_live_runs(s)
             reasons = pending_reasons(s)
         jobs = {r.slurm_job_id: r for r in live if r.slurm_job_id}
-        self.poller.watch_all(jobs)
-        statuses = self.poller.poll()
+        statuses = self.slurm.poll(jobs)
         ended = 0
         for job_id, run in jobs.items():
             status = statuses.get(job_id)
@@ -541,14 +488,14 @@ class JobDriver:
                     with self._tx() as s:
                         write_pending_reason(s, run.run_id, reason)
             elif status.outcome is Outcome.UNSCHEDULABLE:
-                if self._cancel(job_id):
+                if self.slurm.cancel(job_id):
                     self._finish(run.run_id, run.experiment_id, run.trial_id, run.run_number, status)
                     ended += 1
             elif status.is_terminal:
                 self._finish(run.run_id, run.experiment_id, run.trial_id, run.run_number, status)
                 ended += 1
         if ended:
-            self.gate.jobs_ended()
+            self.slurm.jobs_ended()
         return ended
 
     def _finish(self, run_id: int, exp_id: int, trial_id: int, run_number: int, status: JobStatus) -> None:
@@ -559,7 +506,7 @@ class JobDriver:
         if ended is None:
             return
         reason, outcome = ended
-        self.poller.unwatch(status.job_id)
+        self.slurm.unwatch(status.job_id)
         log.info(
             "trial %s run %s (job %s) ended: %s → trial %s%s",
             trial_id, run_number, status.job_id, reason, outcome.trial_state,
