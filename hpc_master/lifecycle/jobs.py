@@ -49,7 +49,7 @@ from hpc_master.lifecycle.job_host import (
     master_url_for_jobs,
     read_run_json,
 )
-from hpc_master.lifecycle.outcomes import RunContext, classify, describe
+from hpc_master.lifecycle.outcomes import JobEnd, RunContext, classify, describe
 from hpc_master.lifecycle.priorities import KnobCache, Renicer, within_max_slots
 from hpc_master.lifecycle.slurm_jobs import ByComment, JobToSubmit, Lost, Refused, SlurmJobs, Submitted, Waits
 from hpc_master.lifecycle.waiting import (
@@ -535,8 +535,9 @@ def record_run_end(
         searcher_done=trial.searcher_done,
         preempt_signal=preempt_signal,
     )
-    reason = classify(status, exit_info, ctx)
-    return reason, svc.finish_trial_run(session, run_id, reason, message or describe(status, exit_info))
+    end = JobEnd.of(status, exit_info)
+    reason = classify(end, ctx)
+    return reason, svc.finish_trial_run(session, run_id, reason, message or describe(end))
 
 
 def _has_context(session: Session, experiment_id: int) -> bool:

@@ -34,6 +34,7 @@ from hpc_master.db.engine import transaction
 from hpc_master.db.models import TaskModel, UserModel, utcnow
 from hpc_master.errors import ClientError
 from hpc_master.lifecycle.job_host import job_account, read_run_json
+from hpc_master.lifecycle.outcomes import JobEnd, task_end
 from hpc_master.lifecycle.slurm_jobs import ByComment, JobToSubmit, Lost, Refused, SlurmJobs, Waits
 from hpc_master.lifecycle.waiting import SLURM_UNAVAILABLE
 from hpc_master.masterconf import MasterConfig
@@ -363,35 +364,11 @@ class TaskDriver:
                 return
             # A kill with a reason already recorded (an idle timeout) keeps it; a user's kill has none.
             why = task.exit_status if task.kill_requested else None
-            code, words = exit_of(status, exit_info, killed=task.kill_requested, why=why)
+            code, words = task_end(JobEnd.of(status, exit_info), killed=task.kill_requested, why=why)
             if status.node_list and not task.node_list:
                 task.node_list = status.node_list
             svc.finish(task, exit_status=words, exit_code=code)
         log.info("task %s (job %s) ended: %s", task_id, status.job_id, words)
-
-
-def exit_of(
-    status: JobStatus, exit_info: dict[str, Any] | None, *, killed: bool, why: str | None = None
-) -> tuple[int | None, str]:
-    """(exit code, why it ended in words) from what Slurm and the job entry's ``exit.json`` say; `why`: the
-    reason the master killed it, when not the user."""
-    code = exit_info.get("exitCode") if exit_info else None
-    if not isinstance(code, int):
-        code = status.exit_code
-    slurm = f"Slurm job {status.job_id} {status.message}"
-    if killed:
-        return code, f"{why or 'killed by the user'} ({slurm})"
-    if status.outcome is Outcome.UNSCHEDULABLE:
-        return None, f"it can never start here: {status.reason or status.message} ({slurm})"
-    if exit_info and exit_info.get("reason"):
-        stage = exit_info.get("stage")
-        reason = str(exit_info["reason"])
-        if stage not in (None, "entrypoint") and code:
-            reason = f"setup failed ({stage}): {reason}"
-        return code, reason if status.outcome is Outcome.SUCCEEDED else f"{reason} ({slurm})"
-    if status.outcome is Outcome.TIMED_OUT:
-        return code, f"reached its time limit ({slurm})"
-    return code, slurm
 
 
 def idle_timeout_s(task: TaskModel, tensorboard_timeout_s: int | None) -> int | None:
