@@ -1,6 +1,6 @@
 """What a trial's or task's job needs from the master's host: the platform's code (compiled once, as the jobs'
 users cannot write its ``__pycache__``), the URL jobs reach the master at, the Unix account a job runs as, the
-image cache's directory, and reading the job's exit record back."""
+image cache's directory."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import hpc_master
-import userfiles
 from hpc_master.errors import ClientError
 from hpc_master.masterconf import MasterConfig
 
@@ -79,14 +78,3 @@ def job_account(owner_name: str, unix_user: str | None) -> tuple[int, int]:
     if pw.pw_uid == 0:
         raise ClientError("jobs never run as root; give the user a non-root Unix account")
     return pw.pw_uid, pw.pw_gid
-
-
-def read_run_json(anchor: str, path: str) -> dict[str, Any] | None:
-    """A JSON object the job wrote at `path` below `anchor` (the job storage root): its ``exit.json``
-    (harness.exec.job_entry) or a server's ``service.json``; None when there is none or it cannot be read: a
-    link, a FIFO or anything but a small regular file included."""
-    try:
-        data = userfiles.read_json(anchor, userfiles.relative_parts(anchor, path))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

@@ -35,8 +35,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-import userfiles
 from harness.exec.job_plan import EXIT_FILE
+from hpc_master.asuser import AsUser, JobOwner, RunFiles, UnsafePathError
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel, UserModel
 from hpc_master.errors import ClientError
@@ -45,9 +45,7 @@ from hpc_master.lifecycle.configs import LEAN_EXPERIMENT, ConfigKey, DerivedConf
 from hpc_master.lifecycle.job_host import (
     PLATFORM_ROOT,
     ensure_image_cache,
-    job_account,
     master_url_for_jobs,
-    read_run_json,
 )
 from hpc_master.lifecycle.outcomes import JobEnd, RunContext, classify, describe
 from hpc_master.lifecycle.priorities import KnobCache, Renicer, within_max_slots
@@ -74,7 +72,6 @@ from hpc_master.trialjob import (
     pool_from_master_config,
     run_dirs,
 )
-from hpc_master.trialjob_files import make_tensorboard_dir, write_bytes, write_run_dir
 from slurm_backend import JobStatus, Outcome, Poller, SlurmCli
 
 log = logging.getLogger(__name__)
@@ -113,17 +110,22 @@ class JobDriver:
         cluster_id: str = "hpc-det",
         limit_retry_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
-        slurm: SlurmJobs | None = None,
+        as_user: AsUser | None = None,
     ) -> None:
         self.sessions = sessions
         self.config = config
         self.cli = cli
         self.poller = poller
-        self.slurm = slurm or SlurmJobs(cli, poller, limit_retry_s=limit_retry_s, clock=clock)
-        """Submit, adopt, cancel, poll: shared with the tasks' driver (one gate for the whole master)."""
+        self.job_storage_root = str(config.job_storage_root or get_job_storage_root())
+        self.as_user = as_user or AsUser(
+            RunFiles(self.job_storage_root), SlurmJobs(cli, poller, limit_retry_s=limit_retry_s, clock=clock)
+        )
+        """Everything done in a user's name (run directories, Slurm, checkpoints): shared with the tasks'
+        driver (one submit gate for the whole master)."""
+        self.slurm = self.as_user.slurm
+        self.files = self.as_user.files
         self.python = python or os.environ.get("DET_JOB_PYTHON") or sys.executable
         self.cluster_id = cluster_id
-        self.job_storage_root = str(config.job_storage_root or get_job_storage_root())
         self._tensorboard_warned: set[str] = set()
         self.master_url = master_url_for_jobs(config)
         self.running_as_root = os.geteuid() == 0
@@ -261,12 +263,9 @@ class JobDriver:
             token=svc.mint_trial_token(s, trial.id),
         )
 
-    def _job_user(self, sub: _Submission) -> tuple[str | None, int | None, int | None]:
-        """(account to submit as, uid, gid): a root master runs each job as its owner's Unix account."""
-        if not self.running_as_root:
-            return None, None, None
-        uid, gid = job_account(sub.owner_name, sub.owner_unix)
-        return sub.owner_unix, uid, gid
+    def _job_owner(self, sub: _Submission) -> JobOwner:
+        """A root master runs each job as its owner's Unix account."""
+        return JobOwner.of(sub.owner_name, sub.owner_unix, running_as_root=self.running_as_root)
 
     def _config(self, sub: _Submission) -> ExperimentConfig:
         config = self.configs.peek(sub.config_key)
@@ -288,7 +287,7 @@ class JobDriver:
         reason, shown in its events and exit message: retrying cannot help, and leaving the run allocated
         would leave the trial ACTIVE with no job."""
         try:
-            as_user, uid, gid = self._job_user(sub)
+            owner = self._job_owner(sub)
             config = self._config(sub)
             trial_dir, _ = run_dirs(self.job_storage_root, sub.experiment_id, sub.trial_id, sub.run_number)
             context_path = os.path.join(os.path.dirname(trial_dir), CONTEXT_FILE)  # one per experiment
@@ -301,7 +300,7 @@ class JobDriver:
                     trial_run_id=sub.run_number,
                     hparams=sub.hparams,
                     trial_seed=sub.seed,
-                    owner=as_user or pwd.getpwuid(os.geteuid()).pw_name,
+                    owner=owner.unix or pwd.getpwuid(os.geteuid()).pw_name,
                     latest_checkpoint=sub.latest_checkpoint,
                     steps_completed=sub.steps_completed,
                     request_id=sub.request_id,
@@ -317,15 +316,15 @@ class JobDriver:
                 session_token=sub.token,
                 cluster_id=self.cluster_id,
             )
-            write_run_dir(plan, self.job_storage_root, uid=uid, gid=gid)
+            self.files.write_run_dir(plan, owner)
             master_root = str(self.config.checkpoint_dir())
-            if uid is not None and checkpoint_root_of(config, master_root) == master_root:
+            if owner.uid is not None and checkpoint_root_of(config, master_root) == master_root:
                 self._make_tensorboard_dir(
-                    master_root, sub.experiment_id, uid, gid
+                    master_root, sub.experiment_id, owner.uid, owner.gid
                 )  # a root master, its storage
             ensure_image_cache(plan.plan)
             if sub.has_context:
-                self._write_context_once(sub.experiment_id, Path(context_path), uid, gid)
+                self._write_context_once(sub.experiment_id, Path(context_path), owner)
         except (ClientError, OSError) as e:
             self._fail_submission(sub.run_id, sub.trial_id, TerminationReason.SUBMIT_FAILED, str(e))
             return None
@@ -343,9 +342,9 @@ class JobDriver:
             run_number=sub.run_number,
             script=plan.script,
             comment=spec.comment,
-            as_user=as_user,
+            as_user=owner.unix,
             output_path=plan.output_path,
-            limit_key=(as_user, spec.account, spec.qos, spec.partition),
+            limit_key=(owner.unix, spec.account, spec.qos, spec.partition),
             nice=spec.nice,
         )
         self._prepared[sub.run_id] = prepared
@@ -419,8 +418,8 @@ class JobDriver:
         """The experiment's TensorBoard directory, made by the master; where an older master let a user make
         ``tensorboard/experiment``, the trials make their own as they did then, and the admin is told once."""
         try:
-            make_tensorboard_dir(root, experiment_id, uid, gid)
-        except userfiles.UnsafePathError as e:
+            self.files.make_tensorboard_dir(root, experiment_id, JobOwner(None, uid, gid))
+        except UnsafePathError as e:
             if root not in self._tensorboard_warned:
                 self._tensorboard_warned.add(root)
                 log.warning(
@@ -429,18 +428,17 @@ class JobDriver:
                     "(docs/security.md)", root, e, root, root,
                 )  # fmt: skip
 
-    def _write_context_once(self, experiment_id: int, path: Path, uid: int | None, gid: int | None) -> None:
+    def _write_context_once(self, experiment_id: int, path: Path, owner: JobOwner) -> None:
         """The experiment's context archive, written next to its trials' directories by its first submission
         (read from the database then only: it can be 95 MB, and a grid has thousands of trials)."""
-        root = self.job_storage_root
-        if userfiles.exists(root, userfiles.relative_parts(root, path)):
+        if self.files.exists(str(path)):
             return
         with self._tx() as s:
             data = s.scalar(
                 select(ExperimentModel.context_archive).where(ExperimentModel.id == experiment_id)
             )
         if data is not None:
-            write_bytes(root, str(path), data, uid, gid)
+            self.files.write(str(path), data, owner)
 
     # ---- stop -----------------------------------------------------------------------------------------
     def cancel_stopped(self) -> None:
@@ -500,7 +498,7 @@ class JobDriver:
 
     def _finish(self, run_id: int, exp_id: int, trial_id: int, run_number: int, status: JobStatus) -> None:
         _, run_dir = run_dirs(self.job_storage_root, exp_id, trial_id, run_number)
-        exit_info = read_run_json(self.job_storage_root, posixpath.join(run_dir, EXIT_FILE))
+        exit_info = self.files.read_json(posixpath.join(run_dir, EXIT_FILE))
         with self._tx() as s:
             ended = record_run_end(s, run_id, status, exit_info, self.config.preemption.signal)
         if ended is None:

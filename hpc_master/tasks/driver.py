@@ -26,14 +26,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-import userfiles
 from harness.exec.job_nodes import expand_nodelist
 from harness.exec.job_plan import EXIT_FILE
 from harness.exec.serve_door import PROOF_NAME, proof
+from hpc_master.asuser import AsUser, JobOwner, RunFiles
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import TaskModel, UserModel, utcnow
 from hpc_master.errors import ClientError
-from hpc_master.lifecycle.job_host import job_account, read_run_json
 from hpc_master.lifecycle.outcomes import JobEnd, task_end
 from hpc_master.lifecycle.slurm_jobs import ByComment, JobToSubmit, Lost, Refused, SlurmJobs, Waits
 from hpc_master.lifecycle.waiting import SLURM_UNAVAILABLE
@@ -50,7 +49,6 @@ from hpc_master.tasks.job import (
     task_comment,
 )
 from hpc_master.trialjob import DEFAULT_MAX_CONTEXT_BYTES, JobPaths, pool_from_master_config
-from hpc_master.trialjob_files import make_dir, write_bytes, write_text
 from slurm_backend import JobStatus, Outcome, Poller, SlurmCli
 
 log = logging.getLogger(__name__)
@@ -71,14 +69,16 @@ class TaskDriver:
         python: str,
         master_url: str,
         cluster_id: str,
-        slurm: SlurmJobs | None = None,
+        as_user: AsUser | None = None,
     ) -> None:
         self.sessions = sessions
         self.config = config
         self.cli = cli
         self.poller = poller
-        self.slurm = slurm or SlurmJobs(cli, poller)
-        """Submit, adopt, cancel, poll: the trials' driver's, in a master (one gate for both)."""
+        self.as_user = as_user or AsUser(RunFiles(job_storage_root), SlurmJobs(cli, poller))
+        """Everything done in a user's name: the trials' driver's, in a master (one submit gate for both)."""
+        self.slurm = self.as_user.slurm
+        self.files = self.as_user.files
         self.job_storage_root = job_storage_root
         self.platform_root = platform_root
         self.python = python
@@ -180,11 +180,8 @@ class TaskDriver:
         )
         return 1
 
-    def _job_user(self, owner_name: str, unix_user: str | None) -> tuple[int | None, int | None]:
-        return job_account(owner_name, unix_user) if self.running_as_root else (None, None)
-
     def _prepare(self, task_id: str, owner_name: str, unix_user: str | None) -> TaskJobPlan:
-        uid, gid = self._job_user(owner_name, unix_user)
+        owner = JobOwner.of(owner_name, unix_user, running_as_root=self.running_as_root)
         with self._tx() as s:
             task = s.get(TaskModel, task_id)
             assert task is not None
@@ -214,7 +211,7 @@ class TaskDriver:
         if plan.run_dir != run_dir:  # the job storage root moved since the task was created
             raise ClientError(f"the task's directory {run_dir} is not where this master keeps tasks")
         token = secrets.token_urlsafe(32) if task_type in SERVICE_TYPES else None
-        write_task_dir(plan, archive, uid=uid, gid=gid, service_token=token)
+        write_task_dir(self.files, plan, archive, owner, service_token=token)
         with self._tx() as s:
             task = s.get(TaskModel, task_id)
             assert task is not None
@@ -291,9 +288,7 @@ class TaskDriver:
             if status.outcome is Outcome.UNSCHEDULABLE and not self.slurm.cancel(job_id):
                 continue
             if status.is_terminal or status.outcome is Outcome.UNSCHEDULABLE:
-                self._finish(
-                    task_id, status, read_run_json(self.job_storage_root, posixpath.join(run_dir, EXIT_FILE))
-                )
+                self._finish(task_id, status, self.files.read_json(posixpath.join(run_dir, EXIT_FILE)))
                 self.slurm.unwatch(job_id)
                 ended += 1
             else:
@@ -326,7 +321,7 @@ class TaskDriver:
         if discover is not None:
             run_dir, nodes, token = discover
             service_file = posixpath.join(run_dir, SERVICE_FILE)
-            address = service_address(self.job_storage_root, service_file, nodes, task_id, token)
+            address = service_address(self.files, service_file, nodes, task_id, token)
             if address is not None:
                 with self._tx() as s:
                     task = s.get(TaskModel, task_id)
@@ -379,19 +374,19 @@ def idle_timeout_s(task: TaskModel, tensorboard_timeout_s: int | None) -> int | 
 
 
 def service_address(
-    anchor: str, path: str, node_list: str, task_id: str, token: str, timeout_s: float = 0.5
+    files: RunFiles, path: str, node_list: str, task_id: str, token: str, timeout_s: float = 0.5
 ) -> str | None:
     """``node:port`` once the task's server answers there and proves it holds the task's token, else None.
 
     The node is where Slurm placed the job (`node_list`, from squeue); the port is the job's ``service.json``'s
-    (below `anchor`), believed only once the door there answers a fresh nonce with HMAC(token, nonce)
+    (read through `files`), believed only once the door there answers a fresh nonce with HMAC(token, nonce)
     (``harness.exec.serve_door``): the file is the user's to write, and the proxy must reach nothing but
     this task's own server. The file's ``host`` is never used."""
     nodes = expand_nodelist(node_list) if node_list else []
     if len(nodes) != 1 or not token:
         return None
     host = nodes[0]
-    info = read_run_json(anchor, path)
+    info = files.read_json(path)
     if info is None:
         return None
     port = info.get("port")
@@ -414,23 +409,19 @@ def service_address(
 
 
 def write_task_dir(
+    files: RunFiles,
     plan: TaskJobPlan,
     archive: bytes | None,
+    owner: JobOwner,
     *,
-    uid: int | None,
-    gid: int | None,
     service_token: str | None = None,
 ) -> None:
     """``<root>/tasks`` (the master's: others may pass through, not list it), then the task's own directory,
     owned by the user the job runs as, with the plan's files and the context archive."""
     parent = os.path.dirname(plan.run_dir)
-    if os.path.basename(parent) != TASKS_DIR:
+    if os.path.basename(parent) != TASKS_DIR or os.path.dirname(parent) != files.root.rstrip("/"):
         raise ClientError(f"unexpected task directory {plan.run_dir}")
-    root = os.path.dirname(parent)
-    os.makedirs(root, exist_ok=True)  # the master's own (its configuration): followed as it is
-    userfiles.make_dirs(root, (TASKS_DIR,), mode=0o711)  # the master's, never chowned
-    make_dir(parent, plan.run_dir, uid, gid)
-    for name, (text, mode) in plan.files(service_token).items():
-        write_text(parent, os.path.join(plan.run_dir, name), text, mode, uid, gid)
+    files.make_masters_dir(TASKS_DIR, mode=0o711)  # the master's, never chowned
+    files.write_files(plan.run_dir, plan.files(service_token), owner, anchor=parent)
     if archive is not None and plan.context_path is not None:
-        write_bytes(parent, plan.context_path, archive, uid, gid)
+        files.write(plan.context_path, archive, owner, anchor=parent)

@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from harness.exec import serve_door
+from hpc_master.asuser import AsUser, RunFiles
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import TaskModel
 from hpc_master.lifecycle.job_host import PLATFORM_ROOT
@@ -47,7 +48,9 @@ class World:
             self.sessions, self.config, cli, poller,
             job_storage_root=str(self.config.job_storage_dir()), platform_root=PLATFORM_ROOT,
             python="/usr/bin/python3", master_url="http://master:8080", cluster_id="test-cluster",
-            slurm=SlurmJobs(cli, poller, clock=self.cluster.monotonic),
+            as_user=AsUser(
+                RunFiles(str(self.config.job_storage_dir())), SlurmJobs(cli, poller, clock=self.cluster.monotonic)
+            ),
         )  # fmt: skip
         self.driver.running_as_root = False
         self.loop = LifecycleLoop(self.sessions, None, tasks=self.driver)
