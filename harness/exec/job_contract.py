@@ -18,7 +18,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field, replace
 
-from harness.exec.job_plan import CLUSTER_INFO_TEMPLATE_FILE, PLAN_FILE, PLAN_VERSION
+from harness.exec.job_plan import CLUSTER_INFO_TEMPLATE_FILE, PLAN_FILE, PLAN_KEYS, PLAN_VERSION
 
 # Type-only (the job entry imports this module on every launch; `typing` costs 3 ms): see job_entry.
 TYPE_CHECKING = False
@@ -128,18 +128,7 @@ class JobPlan:
     container: dict[str, Any] | None = None  # the image to run in (omitted from the JSON without one)
     version: int = PLAN_VERSION
 
-    KEYS = (
-        "version",
-        "entrypoint",
-        "slots_per_trial",
-        "python",
-        "context_archive",
-        "max_context_bytes",
-        "workdir",
-        "env",
-        "user_env",
-        "preempt_signal",
-    )  # required in plan.json (harness.exec.job_plan.PLAN_KEYS); "container" is optional
+    KEYS = PLAN_KEYS  # required in plan.json; "container" is optional
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
