@@ -6,7 +6,8 @@
 
 What is a trial's own is decided here (its ``DET_*`` variables, the ClusterInfo's trial part, the run directory
 ``exp-E/trial-T/run-R``, the Slurm comment, the launcher's tasks per node); the job itself is built by
-``hpc_master.jobplan``, as a task's is. The job runs ``python -S -m harness.exec.job_entry --run-dir RUN_DIR``,
+``hpc_master.jobplan``, as a task's is (its ``PoolSpec``, ``JobPaths`` and ``pool_from_master_config`` are
+imported from here too). The job runs ``python -S -m harness.exec.job_entry --run-dir RUN_DIR``,
 which reads the files written here (the contract is in ``harness.exec.job_plan`` and ``harness.exec.job_contract``).
 The session token is only ever in ``RUN_DIR/session_token`` (0600): never in the script, the sbatch command line
 or ``plan.json``.
@@ -36,22 +37,6 @@ from hpc_master.jobplan import (
     signal_lead_s,
 )
 from hpc_master.masterconf import MasterConfig
-
-__all__ = [  # the shared parts are still imported from here too
-    "DEFAULT_MAX_CONTEXT_BYTES",
-    "JobPaths",
-    "PoolSpec",
-    "TrialJobInputs",
-    "TrialJobPlan",
-    "build_trial_job",
-    "checkpoint_root_of",
-    "dry_run_trial_job",
-    "job_comment",
-    "job_time_limit",
-    "pool_from_master_config",
-    "run_dirs",
-    "stand_in_pool",
-]
 
 
 @dataclass(frozen=True)
