@@ -242,7 +242,10 @@ def test_write_run_dir(tmp_path: Path) -> None:
     assert stat.S_IMODE((run_dir / run_files.TOKEN_FILE).stat().st_mode) == 0o600
     assert (run_dir / run_files.TOKEN_FILE).read_text().strip() == TOKEN
     assert json.loads((run_dir / run_files.PLAN_FILE).read_text()) == plan.plan.to_json()
-    assert json.loads((run_dir / run_files.CLUSTER_INFO_TEMPLATE_FILE).read_text()) == plan.cluster_info.to_json()
+    assert (
+        json.loads((run_dir / run_files.CLUSTER_INFO_TEMPLATE_FILE).read_text())
+        == plan.cluster_info.to_json()
+    )
     assert (run_dir / run_files.SCRIPT_FILE).read_text() == plan.script
     write_run_dir(plan, paths.job_storage_root)  # a resubmission of the same run rewrites in place
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(plan.files())
