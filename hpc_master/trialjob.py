@@ -6,8 +6,8 @@
 
 What is a trial's own is decided here (its ``DET_*`` variables, the ClusterInfo's trial part, the run directory
 ``exp-E/trial-T/run-R``, the Slurm comment, the launcher's tasks per node); the job itself is built by
-``hpc_master.jobplan``, as a task's is (its ``PoolSpec``, ``JobPaths`` and ``pool_from_master_config`` are
-imported from here too). The job runs ``python -S -m harness.exec.job_entry --run-dir RUN_DIR``,
+``hpc_master.jobplan``, as a task's is (its ``PoolSpec``, ``JobPaths``, ``pool_from_master_config`` and
+``DEFAULT_MAX_CONTEXT_BYTES`` are re-exported here for the modules that import them from here). The job runs ``python -S -m harness.exec.job_entry --run-dir RUN_DIR``,
 which reads the files written here (the contract is in ``harness.exec.job_plan`` and ``harness.exec.job_contract``).
 The session token is only ever in ``RUN_DIR/session_token`` (0600): never in the script, the sbatch command line
 or ``plan.json``.
@@ -24,18 +24,11 @@ from harness.exec import job_plan as run_files
 from harness.exec.job_contract import ClusterInfoDoc, TrialInfoDoc
 from hpc_master.errors import ConfigError
 from hpc_master.expconf import DirectoryStorage, ExperimentConfig, SharedFSStorage
-from hpc_master.jobplan import (
-    DEFAULT_MAX_CONTEXT_BYTES,
-    JobPaths,
-    JobRequest,
-    PlannedJob,
-    PoolSpec,
-    job_time_limit,
-    node_shape,
-    plan_job,
-    pool_from_master_config,
-    signal_lead_s,
-)
+from hpc_master.jobplan import DEFAULT_MAX_CONTEXT_BYTES as DEFAULT_MAX_CONTEXT_BYTES  # (re-exported)
+from hpc_master.jobplan import JobPaths as JobPaths
+from hpc_master.jobplan import JobRequest, PlannedJob, job_time_limit, node_shape, plan_job, signal_lead_s
+from hpc_master.jobplan import PoolSpec as PoolSpec
+from hpc_master.jobplan import pool_from_master_config as pool_from_master_config
 from hpc_master.masterconf import MasterConfig
 
 
