@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import pwd
 from pathlib import Path
-from typing import Any
 
 import hpc_master
+from harness.exec.job_contract import JobPlan
 from hpc_master.errors import ClientError
 from hpc_master.masterconf import MasterConfig
 
@@ -54,9 +54,9 @@ def master_url_for_jobs(config: MasterConfig) -> str:
     return f"{scheme}://{host}:{config.listen.port}"
 
 
-def ensure_image_cache(plan: dict[str, Any]) -> None:
+def ensure_image_cache(plan: JobPlan) -> None:
     """A trial in a pulled image needs the pool's cache directory, which its owner may not be able to create."""
-    cache_dir = (plan.get("container") or {}).get("cache_dir")
+    cache_dir = (plan.container or {}).get("cache_dir")
     if cache_dir:
         from containers.images import ensure_cache_dir
 

@@ -1,6 +1,6 @@
 """How a job ended, read once for trials and tasks alike: Slurm's view and the job entry's `exit.json`.
 
-`JobEnd.of(status, exit_info)` is the one reading of a finished job (the exit record is the job owner's file:
+`JobEnd.of(status, exit_info)` is the one reading of a finished job, through the job side's `ExitRecord` (the file is the job owner's:
 any key may be missing or of the wrong type, and none of it is trusted beyond its shape). Trials then ask
 `classify()`, which weighs it against what the master had asked for and returns a `TerminationReason` (the
 termination table in `hpc_master.services.states` turns that into run and trial states, a retry policy and a
@@ -10,10 +10,10 @@ message); tasks ask `task_end()` for an exit code and words. Pure: plain values 
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from harness.exec.job_contract import ExitRecord
 from hpc_master.services.states import TerminationReason, TrialState
 from slurm_backend import JobStatus, Outcome
 
@@ -37,17 +37,17 @@ class JobEnd:
     """Where the job entry was when it failed (``entrypoint`` once the user's code ran)."""
 
     @classmethod
-    def of(cls, status: JobStatus, exit_info: Mapping[str, Any] | None) -> JobEnd:
-        info = exit_info if isinstance(exit_info, Mapping) else {}
-        code = info.get("exitCode")
-        reason, stage = info.get("reason"), info.get("stage")
+    def of(cls, status: JobStatus, exit_info: object) -> JobEnd:
+        """`exit_info`: the job's ``exit.json`` as read (None when there is none), through the job side's own
+        contract (``harness.exec.job_contract.ExitRecord``), which trusts nothing in it but its shape."""
+        record = ExitRecord.from_json(exit_info)
         return cls(
             status=status,
-            exit_code=code if isinstance(code, int) and not isinstance(code, bool) else status.exit_code,
-            preempted=info.get("preempted") is True,
-            signal=_signal_name(info.get("signal")),
-            reason=str(reason) if reason else None,
-            stage=stage if isinstance(stage, str) else None,
+            exit_code=record.exit_code if record.exit_code is not None else status.exit_code,
+            preempted=record.preempted is True,
+            signal=_signal_name(record.signal),
+            reason=record.reason or None,
+            stage=record.stage,
         )
 
     @property
