@@ -1,7 +1,8 @@
 """How a job ended, read once for trials and tasks alike: Slurm's view and the job entry's `exit.json`.
 
-`JobEnd.of(status, exit_info)` is the one reading of a finished job, through the job side's `ExitRecord` (the file is the job owner's:
-any key may be missing or of the wrong type, and none of it is trusted beyond its shape). Trials then ask
+`JobEnd.of(status, exit_info)` is the one reading of a finished job, through the job side's own contract
+(`harness.exec.job_contract.ExitRecord`: the file is the job owner's, so any key may be missing or of the wrong
+type, and none of it is trusted beyond its shape). Trials then ask
 `classify()`, which weighs it against what the master had asked for and returns a `TerminationReason` (the
 termination table in `hpc_master.services.states` turns that into run and trial states, a retry policy and a
 message); tasks ask `task_end()` for an exit code and words. Pure: plain values in, plain values out.
