@@ -245,9 +245,12 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
 
 def make_lifecycle_loop(state: Any) -> Any:
     """The loop that drives searchers and Slurm jobs (Slurm's command-line tools must be on PATH)."""
+    from hpc_master.asuser import AsUser, RunFiles
     from hpc_master.lifecycle.job_host import PLATFORM_ROOT
     from hpc_master.lifecycle.jobs import JobDriver
     from hpc_master.lifecycle.loop import LifecycleLoop
+    from hpc_master.lifecycle.slurm_jobs import SlurmJobs
+    from hpc_master.paths import get_job_storage_root
     from hpc_master.services.checkpoint_gc import CheckpointCollector
     from hpc_master.services.checkpoint_policy import GCPolicy
     from hpc_master.tasks.driver import TaskDriver
@@ -256,7 +259,13 @@ def make_lifecycle_loop(state: Any) -> Any:
     config = state.config
     cli = SlurmCli()
     poller = Poller(cli, interval_s=config.poll_interval_s)
-    jobs = JobDriver(state.sessions, config, cli, poller, cluster_id=state.cluster_id)
+    # Everything done in a user's name, for trials and tasks alike (hpc_master.asuser).
+    as_user = AsUser(
+        RunFiles(str(config.job_storage_root or get_job_storage_root())),
+        SlurmJobs(cli, poller),
+        checkpoints=state.checkpoint_remover,
+    )
+    jobs = JobDriver(state.sessions, config, cli, poller, cluster_id=state.cluster_id, as_user=as_user)
     storage = config.checkpoint_storage
     collector = CheckpointCollector(
         state.sessions,
@@ -264,7 +273,7 @@ def make_lifecycle_loop(state: Any) -> Any:
         default_policy=GCPolicy(
             storage.save_experiment_best, storage.save_trial_best, storage.save_trial_latest
         ),
-        remover=state.checkpoint_remover,
+        remover=as_user.checkpoints,
     )
     tasks = TaskDriver(
         state.sessions,
@@ -276,6 +285,7 @@ def make_lifecycle_loop(state: Any) -> Any:
         python=jobs.python,
         master_url=jobs.master_url,
         cluster_id=state.cluster_id,
+        as_user=as_user,
     )
     interval_s = min(2.0, config.poll_interval_s)
     return LifecycleLoop(state.sessions, jobs, interval_s=interval_s, collector=collector, tasks=tasks)

@@ -8,7 +8,8 @@
 # docs/testing.md has the lanes and markers.
 #   scripts/test.sh                      # as root (another user: through sudo); what CI runs
 #   scripts/test.sh [PYTEST ARGS...]     # only these tests, in one pytest, with the cluster and PostgreSQL up
-#   DET_TEST_WORKERS=N                   # workers of the cluster lane (default 4)
+#   DET_TEST_WORKERS=N                   # workers of the cluster lane (default 6)
+#   DET_TEST_NODES=N                     # nodes of the cluster lane's cluster (default 4; the exclusive lane gets 2)
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$HERE"
@@ -90,13 +91,24 @@ rm -f "$DET_TEST_HOROVOD_LOG.done"
 
 # status exits 0 only when the cluster is up and its daemons run; a stale one (a state file left from before a
 # restart, or a machine restored from a disk image) is removed and started afresh by `up`.
+# The cluster lane gets four nodes (two 4-GPU trials at once: each takes two nodes' 2 GPUs); the exclusive
+# lane's tests fill, preempt or restart the whole cluster and expect the 2-node one, which it gets after. Tests
+# in the cluster lane work on either (they never name a node). Only a cluster this script started is resized.
+cluster_up() {
+  local t0 nodes=$1
+  shift
+  t0=$(date +%s)
+  det deploy local up "$@" --nodes "$nodes" --gpus-per-node 2 --cpus-per-node 4 \
+    --create-user "${DET_TEST_USER:-researcher}"
+  STARTED_CLUSTER=1
+  echo "test: cluster of $nodes nodes up in $(($(date +%s) - t0)) s"
+}
 if det deploy local status >/dev/null 2>&1; then
   echo "test: using the local Slurm cluster that is already up"
+elif [ $# -eq 0 ]; then
+  cluster_up "${DET_TEST_NODES:-4}"
 else
-  t0=$(date +%s)
-  det deploy local up --nodes 2 --gpus-per-node 2 --cpus-per-node 4 --create-user "${DET_TEST_USER:-researcher}"
-  STARTED_CLUSTER=1
-  echo "test: cluster up in $(($(date +%s) - t0)) s"
+  cluster_up 2
 fi
 id "${DET_TEST_USER:-researcher}" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "${DET_TEST_USER:-researcher}"
 
@@ -115,11 +127,16 @@ fi
 FAST_LANE="not slurm and not postgres and not browser and not determined_client and not apptainer and not gpu and not root and not exclusive"
 LOGS=$(mktemp -d /var/tmp/hpc-det-test-logs.XXXXXX)
 rc=0
-phase "the cluster lane: the tests on the cluster that can share it, ${DET_TEST_WORKERS:-4} at a time"
-"${PYTEST[@]}" -n "${DET_TEST_WORKERS:-4}" --dist load --durations=15 -m "slurm and not exclusive" || rc=$?
+phase "the cluster lane: the tests on the cluster that can share it, ${DET_TEST_WORKERS:-6} at a time"
+"${PYTEST[@]}" -n "${DET_TEST_WORKERS:-6}" --dist load --durations=15 -m "slurm and not exclusive" || rc=$?
 # The tests that need the cluster to themselves mostly wait on it (an outage, a preemption's grace time, a
 # time limit, `down` and `up`), so the other services' tests (PostgreSQL, the browser, Determined's client,
 # root) run beside them; each lane's output is printed whole when both have ended.
+if [ "${STARTED_CLUSTER:-0}" = 1 ] && [ "${DET_TEST_NODES:-4}" != 2 ]; then
+  phase "the 2-node cluster for the exclusive lane"
+  det deploy local down >/dev/null
+  cluster_up 2 --no-install
+fi
 phase "the exclusive lane (one at a time) beside the services lane (no cluster, 2 at a time)"
 "${PYTEST[@]}" --durations=10 -m "exclusive" >"$LOGS/exclusive.log" 2>&1 &
 exclusive=$!

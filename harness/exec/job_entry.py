@@ -1,19 +1,19 @@
 """The first thing every trial job runs: ``python -m harness.exec.job_entry --run-dir DIR``. Standard library only.
 
 1. reads the run directory the master wrote (``plan.json``, ``session_token``, ``cluster_info.template.json``;
-   layout in ``harness.exec.job_plan``) and builds the environment (the config's ``environment_variables``,
+   layout in ``harness.exec.job_plan``, documents in ``harness.exec.job_contract``) and builds the environment (the config's ``environment_variables``,
    then the ``DET_*`` variables, which win; ``PYTHONPATH`` keeps ours first);
 2. resolves ``container_addrs`` from ``SLURM_JOB_NODELIST`` and writes ``cluster_info.json`` (one file for all
    nodes: the harness takes ``container_rank`` from ``SLURM_NODEID``);
 3. unpacks the context archive into the trial's ``work/`` directory, once per trial (refusing unsafe archives);
 4. runs ``startup-hook.sh`` with bash in ``work/`` when present; a non-zero exit fails the job;
-   with a container image (``plan["container"]``, see ``containers.job``) the image is resolved (pulled) first,
+   with a container image (``JobPlan.container``, see ``containers.job``) the image is resolved (pulled) first,
    the hook runs inside it, and the entrypoint runs as one ``srun`` step whose tasks each enter the image;
 5. runs the entrypoint (see ``resolve_entrypoint``) in its own process group, forwarding SIGTERM, SIGINT, SIGHUP
    and the preemption signals to it (to the process alone when it is one of our launchers, which forward
    themselves; to the whole group otherwise), and waits;
-6. writes ``exit.json`` atomically: ``{"exitCode", "signal", "preempted", "reason", "finishedAt", "stage",
-   "slurmJobId"}``. It exits 0 on success and on a clean preemption (a preemption signal was forwarded or the
+6. writes ``exit.json`` atomically (``job_contract.ExitRecord``): ``{"exitCode", "signal", "preempted",
+   "reason", "finishedAt", "stage", "slurmJobId"}``. It exits 0 on success and on a clean preemption (a preemption signal was forwarded or the
    harness acknowledged one, and the entrypoint exited 0), the entrypoint's code otherwise (128+N when killed
    by signal N), and 1 when the job could not be set up.
 """
@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 
 from harness.exec import job_plan as plan_files
 from harness.exec._job_unpack import DEFAULT_MAX_BYTES, UnsafeArchiveError, fingerprint, unpack_context
+from harness.exec.job_contract import ClusterInfoDoc, ContractError, ExitRecord, JobPlan
 from harness.exec.job_nodes import NodeListError, container_addrs
 
 # Every job starts this module before its entrypoint, so what it imports is paid on every launch: typing,
@@ -72,19 +73,17 @@ def signal_number(name: str) -> int:
 # -- the run directory ---------------------------------------------------------------------------------------
 
 
-def load_plan(run_dir: str) -> dict[str, Any]:
+def load_plan(run_dir: str) -> JobPlan:
     path = os.path.join(run_dir, plan_files.PLAN_FILE)
     try:
         with open(path, encoding="utf-8") as f:
-            plan: dict[str, Any] = json.load(f)
+            data = json.load(f)
     except (OSError, ValueError) as e:
         raise JobEntryError(f"cannot read the job plan {path}: {e}", "plan") from None
-    if plan.get("version") != plan_files.PLAN_VERSION:
-        raise JobEntryError(f"{path} has plan version {plan.get('version')!r}, expected 1", "plan")
-    missing = [k for k in plan_files.PLAN_KEYS if k not in plan]
-    if missing:
-        raise JobEntryError(f"{path} lacks {', '.join(missing)}", "plan")
-    return plan
+    try:
+        return JobPlan.from_json(data)
+    except ContractError as e:
+        raise JobEntryError(f"{path}: {e.detail}", "plan") from None
 
 
 def read_token(run_dir: str) -> str:
@@ -107,15 +106,12 @@ def _path_list(*values: str | None) -> str:
     return os.pathsep.join(seen)
 
 
-def build_environment(
-    plan: Mapping[str, Any], token: str, base: Mapping[str, str], addrs: list[str]
-) -> dict[str, str]:
+def build_environment(plan: JobPlan, token: str, base: Mapping[str, str], addrs: list[str]) -> dict[str, str]:
     """The entrypoint's environment: inherited, then the config's variables, then ours."""
-    ours: dict[str, str] = {str(k): str(v) for k, v in plan["env"].items()}
-    user: dict[str, str] = {str(k): str(v) for k, v in plan["user_env"].items()}
+    ours, user = plan.env, plan.user_env
     env = {**base, **user, **ours}
     env["PYTHONPATH"] = _path_list(ours.get("PYTHONPATH"), user.get("PYTHONPATH"), base.get("PYTHONPATH"))
-    python_bin = os.path.dirname(str(plan["python"]))
+    python_bin = os.path.dirname(plan.python)
     # `python3 train.py` in an entrypoint means the platform's interpreter, as in Determined's images.
     env["PATH"] = _path_list(python_bin, user.get("PATH"), base.get("PATH") or os.defpath)
     env["DET_SESSION_TOKEN"] = token
@@ -142,22 +138,22 @@ def write_cluster_info(run_dir: str, addrs: list[str]) -> str:
     template = os.path.join(run_dir, plan_files.CLUSTER_INFO_TEMPLATE_FILE)
     try:
         with open(template, encoding="utf-8") as f:
-            info: dict[str, Any] = json.load(f)
+            info = ClusterInfoDoc.from_json(json.load(f))
+    except ContractError as e:
+        raise JobEntryError(f"{template}: {e.detail}", "cluster_info") from None
     except (OSError, ValueError) as e:
         raise JobEntryError(f"cannot read {template}: {e}", "cluster_info") from None
-    info["container_addrs"] = addrs
-    info["container_rank"] = 0  # each node's harness takes its rank from SLURM_NODEID
     path = os.path.join(run_dir, plan_files.CLUSTER_INFO_FILE)
-    write_json_atomic(path, info, 0o600)
+    write_json_atomic(path, info.on_nodes(addrs).to_json(), 0o600)
     return path
 
 
-def prepare_workdir(plan: Mapping[str, Any]) -> str:
+def prepare_workdir(plan: JobPlan) -> str:
     """Unpack the context into the trial's work directory unless an earlier run of this trial did."""
-    workdir = str(plan["workdir"])
+    workdir = plan.workdir
     trial_dir = os.path.dirname(workdir)
     marker = os.path.join(trial_dir, plan_files.UNPACKED_MARKER)
-    archive = plan.get("context_archive")
+    archive = plan.context_archive
     os.makedirs(trial_dir, exist_ok=True)
     if not archive:
         os.makedirs(workdir, exist_ok=True)
@@ -170,10 +166,8 @@ def prepare_workdir(plan: Mapping[str, Any]) -> str:
 
         shutil.rmtree(workdir)
     try:
-        size = unpack_context(
-            str(archive), workdir, max_bytes=int(plan["max_context_bytes"] or DEFAULT_MAX_BYTES)
-        )
-        stamp = fingerprint(str(archive))
+        size = unpack_context(archive, workdir, max_bytes=plan.max_context_bytes or DEFAULT_MAX_BYTES)
+        stamp = fingerprint(archive)
     except UnsafeArchiveError as e:
         raise JobEntryError(f"the context archive was refused: {e}", "context") from None
     except OSError as e:
@@ -268,14 +262,14 @@ def run_startup_hook(
 # -- container images (containers.job) -------------------------------------------------------------------------
 
 
-def enter_image(plan: Mapping[str, Any], run_dir: str, env: Mapping[str, str]) -> JobContainer | None:
+def enter_image(plan: JobPlan, run_dir: str, env: Mapping[str, str]) -> JobContainer | None:
     """The plan's image, resolved (pulled when needed); None without one."""
-    if not plan.get("container"):
+    if not plan.container:
         return None
     from containers.job import ContainerSetupError, prepare
 
     try:
-        return prepare(plan, run_dir, env, log=log)
+        return prepare(plan.to_json(), run_dir, env, log=log)
     except ContainerSetupError as e:
         raise JobEntryError(str(e), "image") from None
 
@@ -283,7 +277,7 @@ def enter_image(plan: Mapping[str, Any], run_dir: str, env: Mapping[str, str]) -
 def in_image(
     box: JobContainer,
     argv: list[str],
-    plan: Mapping[str, Any],
+    plan: JobPlan,
     run_dir: str,
     addrs: list[str],
     env: dict[str, str],
@@ -297,7 +291,7 @@ def in_image(
     step = node_step_argv(
         argv,
         run_dir=run_dir,
-        host_python=str(plan["python"]),
+        host_python=plan.python,
         nodes=max(1, len(addrs)),
         tasks_per_node=int(env.get("SLURM_NTASKS_PER_NODE") or 1) if per_slot else 1,
         mpi=per_slot,
@@ -309,16 +303,16 @@ def in_image(
 # -- the exit record --------------------------------------------------------------------------------------------
 
 
-def exit_record(*, code: int, stage: str, reason: str, preempted: bool, signum: int | None) -> dict[str, Any]:
-    return {
-        "exitCode": code,
-        "signal": signal_name(signum),
-        "preempted": preempted,
-        "reason": reason,
-        "stage": stage,
-        "slurmJobId": os.environ.get("SLURM_JOB_ID"),
-        "finishedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+def exit_record(*, code: int, stage: str, reason: str, preempted: bool, signum: int | None) -> ExitRecord:
+    return ExitRecord(
+        exit_code=code,
+        signal=signal_name(signum),
+        preempted=preempted,
+        reason=reason,
+        stage=stage,
+        slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+        finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
 
 
 def signal_name(signum: int | None) -> str | None:
@@ -336,13 +330,13 @@ def describe_exit(code: int, killed_by: int | None) -> str:
     return f"the entrypoint exited with code {code}"
 
 
-def run_job(run_dir: str, base_env: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+def run_job(run_dir: str, base_env: Mapping[str, str]) -> tuple[int, ExitRecord]:
     """Everything but the exit record's writing; returns (exit code, record)."""
     stage = "plan"
     sup: Supervisor | None = None
     try:
         plan = load_plan(run_dir)
-        sup = Supervisor(signal_number(str(plan["preempt_signal"] or "SIGUSR1")))
+        sup = Supervisor(signal_number(plan.preempt_signal or "SIGUSR1"))
         sup.install()
         token = read_token(run_dir)
         stage = "cluster_info"
@@ -364,7 +358,7 @@ def run_job(run_dir: str, base_env: Mapping[str, str]) -> tuple[int, dict[str, A
             return 0, exit_record(code=0, stage=stage, reason=reason, preempted=True, signum=sup.first_signal)
         try:
             argv = plan_files.resolve_entrypoint(
-                plan["entrypoint"], int(plan["slots_per_trial"]), box.python if box else plan["python"]
+                plan.entrypoint, plan.slots_per_trial, box.python if box else plan.python
             )
         except ValueError as e:
             raise JobEntryError(str(e), stage) from None
@@ -416,10 +410,10 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = os.path.abspath(parse_run_dir(sys.argv[1:] if argv is None else argv))
     code, record = run_job(run_dir, dict(os.environ))
     try:
-        write_json_atomic(os.path.join(run_dir, plan_files.EXIT_FILE), record)
+        write_json_atomic(os.path.join(run_dir, plan_files.EXIT_FILE), record.to_json())
     except OSError as e:
         log(f"cannot write {plan_files.EXIT_FILE}: {e}")
-    log(f"{record['reason']} (exit code {code})")
+    log(f"{record.reason} (exit code {code})")
     return code
 
 

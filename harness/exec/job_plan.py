@@ -1,9 +1,9 @@
-"""The run directory contract between the master (``hpc_master.trialjob``) and the job entry, and the one rule
+"""The run directory contract between the master (``hpc_master.jobplan``) and the job entry, and the one rule
 that turns an experiment's ``entrypoint`` into the command a job runs. Standard library only: imported by both.
 
 Run directory ``<job_storage_root>/exp-E/trial-T/run-R/`` (on the shared filesystem)::
 
-    plan.json                  written by the master: see ``PLAN_KEYS``
+    plan.json                  written by the master: ``job_contract.JobPlan``
     session_token              written by the master, mode 0600: the trial's bearer token (never in the script)
     cluster_info.template.json written by the master: Determined's ClusterInfo without container_addrs
     job.sbatch                 written by the master: the script it submitted (for people; never read back)
@@ -11,7 +11,7 @@ Run directory ``<job_storage_root>/exp-E/trial-T/run-R/`` (on the shared filesys
     cluster_info.json          written by the job entry, mode 0600: the template + container_addrs
     rank-exits/                per-rank exit records of the launchers (DET_RANK_EXIT_DIR)
     preempt_ack                written by whoever acknowledges a preemption in the job (DET_PREEMPT_ACK_FILE)
-    exit.json                  written by the job entry, atomically: why the job ended (see job_entry)
+    exit.json                  written by the job entry, atomically: why the job ended (``job_contract.ExitRecord``)
 
 The trial directory ``<job_storage_root>/exp-E/trial-T/`` (``DET_JOB_STORAGE``) holds ``work/`` (the unpacked
 context, the entrypoint's working directory, kept across the trial's runs) and the runs.
@@ -37,10 +37,8 @@ UNPACKED_MARKER = ".context-unpacked"  # under the trial directory: the archive'
 STARTUP_HOOK = "startup-hook.sh"
 PLAN_VERSION = 1
 
-# plan.json: {"version": 1, "entrypoint": str | [str], "slots_per_trial": int, "python": str,
-#             "context_archive": str | null, "max_context_bytes": int, "workdir": str,
-#             "env": {name: value}  (DET_* and PYTHONPATH; applied last), "user_env": {name: value},
-#             "preempt_signal": "SIGUSR1"}
+# plan.json's required keys: its record is harness.exec.job_contract.JobPlan (JobPlan.KEYS is this tuple), as
+# the ClusterInfo's and exit.json's are ClusterInfoDoc and ExitRecord there.
 PLAN_KEYS = (
     "version",
     "entrypoint",

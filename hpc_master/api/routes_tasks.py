@@ -24,13 +24,13 @@ from hpc_master.api.streams import open_stream, stream_threads
 from hpc_master.db.models import UserModel
 from hpc_master.errors import ClientError
 from hpc_master.expconf import load_yaml
+from hpc_master.jobplan import DEFAULT_MAX_CONTEXT_BYTES, JobPaths, pool_from_master_config
 from hpc_master.services import context as ctx
 from hpc_master.services import logs, notify
 from hpc_master.tasks import service as svc
 from hpc_master.tasks.config import TaskType, parse_task_config
 from hpc_master.tasks.job import build_task_job, task_argv, task_run_dir
 from hpc_master.tasks.tensorboard import logdir_spec
-from hpc_master.trialjob import DEFAULT_MAX_CONTEXT_BYTES, JobPaths, pool_from_master_config
 
 router = APIRouter(prefix="/api/v1", tags=["tasks"])
 

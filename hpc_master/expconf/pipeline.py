@@ -32,14 +32,9 @@ from hpc_master.expconf._errors import ExperimentConfigError
 from hpc_master.expconf._yaml import load_yaml
 from hpc_master.expconf.complete import complete_experiment_config
 from hpc_master.expconf.experiment import ExperimentConfig, parse_experiment_config
+from hpc_master.jobplan import PoolSpec, pool_from_master_config
 from hpc_master.masterconf import MasterConfig
-from hpc_master.trialjob import (
-    PoolSpec,
-    TrialJobPlan,
-    dry_run_trial_job,
-    pool_from_master_config,
-    stand_in_pool,
-)
+from hpc_master.trialjob import TrialJobPlan, dry_run_trial_job, stand_in_pool
 
 
 @dataclass(frozen=True)

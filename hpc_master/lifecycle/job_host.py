@@ -1,16 +1,15 @@
 """What a trial's or task's job needs from the master's host: the platform's code (compiled once, as the jobs'
 users cannot write its ``__pycache__``), the URL jobs reach the master at, the Unix account a job runs as, the
-image cache's directory, and reading the job's exit record back."""
+image cache's directory."""
 
 from __future__ import annotations
 
 import os
 import pwd
 from pathlib import Path
-from typing import Any
 
 import hpc_master
-import userfiles
+from harness.exec.job_contract import JobPlan
 from hpc_master.errors import ClientError
 from hpc_master.masterconf import MasterConfig
 
@@ -55,9 +54,9 @@ def master_url_for_jobs(config: MasterConfig) -> str:
     return f"{scheme}://{host}:{config.listen.port}"
 
 
-def ensure_image_cache(plan: dict[str, Any]) -> None:
+def ensure_image_cache(plan: JobPlan) -> None:
     """A trial in a pulled image needs the pool's cache directory, which its owner may not be able to create."""
-    cache_dir = (plan.get("container") or {}).get("cache_dir")
+    cache_dir = (plan.container or {}).get("cache_dir")
     if cache_dir:
         from containers.images import ensure_cache_dir
 
@@ -79,14 +78,3 @@ def job_account(owner_name: str, unix_user: str | None) -> tuple[int, int]:
     if pw.pw_uid == 0:
         raise ClientError("jobs never run as root; give the user a non-root Unix account")
     return pw.pw_uid, pw.pw_gid
-
-
-def read_run_json(anchor: str, path: str) -> dict[str, Any] | None:
-    """A JSON object the job wrote at `path` below `anchor` (the job storage root): its ``exit.json``
-    (harness.exec.job_entry) or a server's ``service.json``; None when there is none or it cannot be read: a
-    link, a FIFO or anything but a small regular file included."""
-    try:
-        data = userfiles.read_json(anchor, userfiles.relative_parts(anchor, path))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

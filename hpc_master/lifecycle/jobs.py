@@ -35,26 +35,24 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-import userfiles
 from harness.exec.job_plan import EXIT_FILE
+from hpc_master.asuser import AsUser, JobOwner, RunFiles, UnsafePathError
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel, UserModel
-from hpc_master.errors import ClientError, SlurmError
+from hpc_master.errors import ClientError
 from hpc_master.expconf import ExperimentConfig, parse_experiment_config
 from hpc_master.lifecycle.configs import LEAN_EXPERIMENT, ConfigKey, DerivedConfigs, config_key
 from hpc_master.lifecycle.job_host import (
     PLATFORM_ROOT,
     ensure_image_cache,
-    job_account,
     master_url_for_jobs,
-    read_run_json,
 )
-from hpc_master.lifecycle.outcomes import RunContext, classify, describe
+from hpc_master.lifecycle.outcomes import JobEnd, RunContext, classify, describe
 from hpc_master.lifecycle.priorities import KnobCache, Renicer, within_max_slots
+from hpc_master.lifecycle.slurm_jobs import ByComment, JobToSubmit, Lost, Refused, SlurmJobs, Submitted, Waits
 from hpc_master.lifecycle.waiting import (
     SLURM_UNAVAILABLE,
     Prepared,
-    SubmitGate,
     Waiting,
     list_waiting,
     pending_reasons,
@@ -74,9 +72,7 @@ from hpc_master.trialjob import (
     pool_from_master_config,
     run_dirs,
 )
-from hpc_master.trialjob_files import make_tensorboard_dir, write_bytes, write_run_dir
 from slurm_backend import JobStatus, Outcome, Poller, SlurmCli
-from slurm_backend.cli import SlurmUnavailableError, SubmitLimitError
 
 log = logging.getLogger(__name__)
 CONTEXT_FILE = "context.tar.gz"
@@ -114,20 +110,28 @@ class JobDriver:
         cluster_id: str = "hpc-det",
         limit_retry_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        as_user: AsUser | None = None,
     ) -> None:
         self.sessions = sessions
         self.config = config
         self.cli = cli
         self.poller = poller
+        self.job_storage_root = str(config.job_storage_root or get_job_storage_root())
+        self.as_user = as_user or AsUser(
+            RunFiles(self.job_storage_root), SlurmJobs(cli, poller, limit_retry_s=limit_retry_s, clock=clock)
+        )
+        """Everything done in a user's name (run directories, Slurm, checkpoints): shared with the tasks'
+        driver (one submit gate for the whole master)."""
+        self.slurm = self.as_user.slurm
+        self.files = self.as_user.files
         self.python = python or os.environ.get("DET_JOB_PYTHON") or sys.executable
         self.cluster_id = cluster_id
-        self.job_storage_root = str(config.job_storage_root or get_job_storage_root())
         self._tensorboard_warned: set[str] = set()
         self.master_url = master_url_for_jobs(config)
         self.running_as_root = os.geteuid() == 0
         self.configs: DerivedConfigs[ExperimentConfig] = DerivedConfigs(parse_experiment_config)
         """Parsed configs by experiment: a grid of thousands of trials decodes its config once."""
-        self.gate = SubmitGate(poller, limit_retry_s=limit_retry_s, clock=clock)
+        self.gate = self.slurm.gate
         self.knobs = KnobCache()
         """Each experiment's priority and max_slots, re-read only when its row changes."""
         self.renicer = Renicer(config, cli, poller, self.knobs, clock=clock)
@@ -168,7 +172,7 @@ class JobDriver:
         return submitted
 
     def slurm_unavailable(self) -> bool:
-        return self.gate.slurm_unavailable()
+        return self.slurm.unavailable()
 
     def renice_pending(self) -> int:
         """Pending jobs of experiments whose priority changed get their new ``--nice``."""
@@ -182,25 +186,14 @@ class JobDriver:
         prepared = self._prepared.get(run.run_id)
         return prepared is None or prepared.check_comment
 
-    def _jobs_by_comment(self, waiting: list[Waiting]) -> dict[str | None, dict[str, list[str]]] | None:
+    def _jobs_by_comment(self, waiting: list[Waiting]) -> ByComment | None:
         """Slurm's jobs by comment, one squeue per Unix account of the runs that need a look; None when the
         controller does not answer (those runs wait)."""
-        users = {
-            run.owner_unix if self.running_as_root else None for run in waiting if self._needs_check(run)
-        }
-        if not users or self.slurm_unavailable():
-            return None if users else {}
-        known: dict[str | None, dict[str, list[str]]] = {}
-        try:
-            with self.cli.retries_at_most(0):  # our backoff is the retry
-                for user in users:
-                    known[user] = self.cli.jobs_by_comment(user=user)
-        except SlurmUnavailableError as e:
-            self.gate.note_unavailable(e)
-            return None
-        return known
+        return self.slurm.jobs_by_comment(
+            {run.owner_unix if self.running_as_root else None for run in waiting if self._needs_check(run)}
+        )
 
-    def _submit_waiting(self, run: Waiting, known: dict[str | None, dict[str, list[str]]] | None) -> int:
+    def _submit_waiting(self, run: Waiting, known: ByComment | None) -> int:
         prepared = self._prepared.get(run.run_id)
         if self._needs_check(run):
             user = run.owner_unix if self.running_as_root else None
@@ -270,12 +263,9 @@ class JobDriver:
             token=svc.mint_trial_token(s, trial.id),
         )
 
-    def _job_user(self, sub: _Submission) -> tuple[str | None, int | None, int | None]:
-        """(account to submit as, uid, gid): a root master runs each job as its owner's Unix account."""
-        if not self.running_as_root:
-            return None, None, None
-        uid, gid = job_account(sub.owner_name, sub.owner_unix)
-        return sub.owner_unix, uid, gid
+    def _job_owner(self, sub: _Submission) -> JobOwner:
+        """A root master runs each job as its owner's Unix account."""
+        return JobOwner.of(sub.owner_name, sub.owner_unix, running_as_root=self.running_as_root)
 
     def _config(self, sub: _Submission) -> ExperimentConfig:
         config = self.configs.peek(sub.config_key)
@@ -297,7 +287,7 @@ class JobDriver:
         reason, shown in its events and exit message: retrying cannot help, and leaving the run allocated
         would leave the trial ACTIVE with no job."""
         try:
-            as_user, uid, gid = self._job_user(sub)
+            owner = self._job_owner(sub)
             config = self._config(sub)
             trial_dir, _ = run_dirs(self.job_storage_root, sub.experiment_id, sub.trial_id, sub.run_number)
             context_path = os.path.join(os.path.dirname(trial_dir), CONTEXT_FILE)  # one per experiment
@@ -310,7 +300,7 @@ class JobDriver:
                     trial_run_id=sub.run_number,
                     hparams=sub.hparams,
                     trial_seed=sub.seed,
-                    owner=as_user or pwd.getpwuid(os.geteuid()).pw_name,
+                    owner=owner.unix or pwd.getpwuid(os.geteuid()).pw_name,
                     latest_checkpoint=sub.latest_checkpoint,
                     steps_completed=sub.steps_completed,
                     request_id=sub.request_id,
@@ -326,15 +316,15 @@ class JobDriver:
                 session_token=sub.token,
                 cluster_id=self.cluster_id,
             )
-            write_run_dir(plan, self.job_storage_root, uid=uid, gid=gid)
+            self.files.write_run_dir(plan, owner)
             master_root = str(self.config.checkpoint_dir())
-            if uid is not None and checkpoint_root_of(config, master_root) == master_root:
+            if owner.uid is not None and checkpoint_root_of(config, master_root) == master_root:
                 self._make_tensorboard_dir(
-                    master_root, sub.experiment_id, uid, gid
+                    master_root, sub.experiment_id, owner.uid, owner.gid
                 )  # a root master, its storage
             ensure_image_cache(plan.plan)
             if sub.has_context:
-                self._write_context_once(sub.experiment_id, Path(context_path), uid, gid)
+                self._write_context_once(sub.experiment_id, Path(context_path), owner)
         except (ClientError, OSError) as e:
             self._fail_submission(sub.run_id, sub.trial_id, TerminationReason.SUBMIT_FAILED, str(e))
             return None
@@ -352,75 +342,54 @@ class JobDriver:
             run_number=sub.run_number,
             script=plan.script,
             comment=spec.comment,
-            as_user=as_user,
+            as_user=owner.unix,
             output_path=plan.output_path,
-            limit_key=(as_user, spec.account, spec.qos, spec.partition),
+            limit_key=(owner.unix, spec.account, spec.qos, spec.partition),
             nice=spec.nice,
         )
         self._prepared[sub.run_id] = prepared
         return prepared
 
     def _try_sbatch(self, prepared: Prepared, pending_reason: str | None = None) -> int:
-        """sbatch the prepared job unless Slurm said to wait; 1 if it was submitted."""
-        if self.slurm_unavailable():
-            self._set_pending_reason(prepared.run_id, SLURM_UNAVAILABLE, pending_reason)
+        """sbatch the prepared job unless Slurm said to wait; 1 if it was submitted (or adopted)."""
+        result = self.slurm.submit(
+            JobToSubmit(prepared.script, prepared.comment, prepared.as_user, prepared.limit_key)
+        )
+        if isinstance(result, Waits):
+            if (
+                result.check_comment
+            ):  # the answer was lost and Slurm could not say: look before the next sbatch
+                prepared.check_comment = True
+            if result.reason != SLURM_UNAVAILABLE:
+                log.debug("trial %s waits in the master: %s", prepared.trial_id, result.reason)
+            self._set_pending_reason(prepared.run_id, result.reason, pending_reason)
             return 0
-        held = self.gate.held(prepared.limit_key)
-        if held is not None:
-            self._set_pending_reason(prepared.run_id, held, pending_reason)
-            return 0
-        try:
-            with self.cli.retries_at_most(0):  # our backoff is the retry
-                job_id = self.cli.submit(prepared.script, as_user=prepared.as_user)
-        except SubmitLimitError as e:
-            log.info("trial %s waits in the master: %s", prepared.trial_id, e)
-            self.gate.hold(prepared.limit_key, e.reason)
-            self._set_pending_reason(prepared.run_id, e.reason, pending_reason)
-            return 0
-        except SlurmUnavailableError as e:
-            if e.ambiguous and self._adopt(prepared):
-                return 1
-            self.gate.note_unavailable(e)
-            self._set_pending_reason(prepared.run_id, SLURM_UNAVAILABLE, pending_reason)
-            return 0
-        except ClientError as e:  # SubmitRefusedError: what the job asks for can never run here
-            self._fail_submission(prepared.run_id, prepared.trial_id, TerminationReason.SUBMIT_FAILED, str(e))
-            return 0
-        except SlurmError as e:
-            # sbatch answered with an error nobody knows: the run is lost (restarted while restarts last).
+        if isinstance(result, Refused):
             self._fail_submission(
-                prepared.run_id, prepared.trial_id, TerminationReason.JOB_LOST, f"sbatch failed: {e}"
+                prepared.run_id, prepared.trial_id, TerminationReason.SUBMIT_FAILED, result.message
             )
             return 0
-        self.gate.note_submitted(prepared.limit_key)
-        self.renicer.submitted(job_id, prepared.nice)
-        self._record_job(prepared.run_id, job_id, prepared.output_path)
-        log.info("trial %s run %s submitted as Slurm job %s", prepared.trial_id, prepared.run_number, job_id)
-        return 1
-
-    def _adopt(self, prepared: Prepared) -> bool:
-        """After an answer that may have been lost: the job carrying this run's comment, if Slurm has it.
-        When Slurm cannot say, the run is looked for again before its next sbatch (`check_comment`)."""
-        try:
-            with self.cli.retries_at_most(0):
-                found = self.cli.find_by_comment(prepared.comment, user=prepared.as_user)
-        except SlurmError:
-            prepared.check_comment = True
-            return False
-        if not found:
-            return False
+        if isinstance(result, Lost):  # the run is lost (restarted while restarts last)
+            self._fail_submission(
+                prepared.run_id, prepared.trial_id, TerminationReason.JOB_LOST, result.message
+            )
+            return 0
+        assert isinstance(result, Submitted)
+        if not result.adopted:
+            self.renicer.submitted(result.job_id, prepared.nice)
+        self._record_job(prepared.run_id, result.job_id, prepared.output_path)
         log.info(
-            "sbatch's answer was lost, but Slurm has job %s for %s: adopting it", found[0], prepared.comment
-        )
-        self._record_job(prepared.run_id, found[0], prepared.output_path)
-        return True
+            "trial %s run %s %s Slurm job %s", prepared.trial_id, prepared.run_number,
+            "adopted" if result.adopted else "submitted as", result.job_id,
+        )  # fmt: skip
+        return 1
 
     def _record_job(self, run_id: int, job_id: str, log_path: str | None) -> None:
         self._prepared.pop(run_id, None)
         with self._tx() as s:
             svc.start_trial_run(s, run_id, job_id, log_path=log_path)
             write_pending_reason(s, run_id, None)
-        self.poller.watch(job_id)
+        self.slurm.watch(job_id)
 
     def _fail_submission(self, run_id: int, trial_id: int, reason: TerminationReason, message: str) -> None:
         log.warning("submitting trial %s failed: %s", trial_id, message)
@@ -449,8 +418,8 @@ class JobDriver:
         """The experiment's TensorBoard directory, made by the master; where an older master let a user make
         ``tensorboard/experiment``, the trials make their own as they did then, and the admin is told once."""
         try:
-            make_tensorboard_dir(root, experiment_id, uid, gid)
-        except userfiles.UnsafePathError as e:
+            self.files.make_tensorboard_dir(root, experiment_id, JobOwner(None, uid, gid))
+        except UnsafePathError as e:
             if root not in self._tensorboard_warned:
                 self._tensorboard_warned.add(root)
                 log.warning(
@@ -459,18 +428,17 @@ class JobDriver:
                     "(docs/security.md)", root, e, root, root,
                 )  # fmt: skip
 
-    def _write_context_once(self, experiment_id: int, path: Path, uid: int | None, gid: int | None) -> None:
+    def _write_context_once(self, experiment_id: int, path: Path, owner: JobOwner) -> None:
         """The experiment's context archive, written next to its trials' directories by its first submission
         (read from the database then only: it can be 95 MB, and a grid has thousands of trials)."""
-        root = self.job_storage_root
-        if userfiles.exists(root, userfiles.relative_parts(root, path)):
+        if self.files.exists(str(path)):
             return
         with self._tx() as s:
             data = s.scalar(
                 select(ExperimentModel.context_archive).where(ExperimentModel.id == experiment_id)
             )
         if data is not None:
-            write_bytes(root, str(path), data, uid, gid)
+            self.files.write(str(path), data, owner)
 
     # ---- stop -----------------------------------------------------------------------------------------
     def cancel_stopped(self) -> None:
@@ -486,34 +454,12 @@ class JobDriver:
             kill = run.trial_state == TrialState.STOPPING_KILLED
             # Asked to stop before it started: cancel it, but only if Slurm itself still says it is pending
             # (our record lags behind Slurm between polls; a running job checkpoints and exits by itself).
-            status = self.poller.status(run.slurm_job_id)
+            status = self.slurm.status(run.slurm_job_id)
             never_started = run.preempt_requested and status is not None and status.outcome is Outcome.PENDING
-            if never_started and not kill and not self._still_pending(run.slurm_job_id):
+            if never_started and not kill and not self.slurm.still_pending(run.slurm_job_id):
                 continue  # it started since the last poll: it checkpoints and exits by itself
-            if (kill or never_started) and not self._cancel(run.slurm_job_id):
+            if (kill or never_started) and not self.slurm.cancel(run.slurm_job_id):
                 return
-
-    def _still_pending(self, job_id: str) -> bool:
-        """Asked of Slurm right before a cancel: the poller's last answer may be a second old, and a job that
-        started meanwhile (a run with only its last validation to do ends in two seconds) must not be killed."""
-        try:
-            with self.cli.retries_at_most(0):
-                status = self.cli.squeue([job_id]).get(job_id)
-        except SlurmError:
-            return False  # asked again next tick
-        return status is not None and status.outcome is Outcome.PENDING
-
-    def _cancel(self, job_id: str) -> bool:
-        """scancel; False when the controller did not answer (the caller stops asking it for now)."""
-        try:
-            with self.cli.retries_at_most(0):  # tried again next tick, or after the backoff
-                self.cli.cancel(job_id)
-        except SlurmUnavailableError as e:
-            self.gate.note_unavailable(e)
-            return False
-        except SlurmError as e:
-            log.warning("scancel %s failed: %s", job_id, e)
-        return True
 
     # ---- poll -----------------------------------------------------------------------------------------
     def poll(self) -> int:
@@ -524,8 +470,7 @@ class JobDriver:
             live = svc.list_live_runs(s)
             reasons = pending_reasons(s)
         jobs = {r.slurm_job_id: r for r in live if r.slurm_job_id}
-        self.poller.watch_all(jobs)
-        statuses = self.poller.poll()
+        statuses = self.slurm.poll(jobs)
         ended = 0
         for job_id, run in jobs.items():
             status = statuses.get(job_id)
@@ -541,25 +486,25 @@ class JobDriver:
                     with self._tx() as s:
                         write_pending_reason(s, run.run_id, reason)
             elif status.outcome is Outcome.UNSCHEDULABLE:
-                if self._cancel(job_id):
+                if self.slurm.cancel(job_id):
                     self._finish(run.run_id, run.experiment_id, run.trial_id, run.run_number, status)
                     ended += 1
             elif status.is_terminal:
                 self._finish(run.run_id, run.experiment_id, run.trial_id, run.run_number, status)
                 ended += 1
         if ended:
-            self.gate.jobs_ended()
+            self.slurm.jobs_ended()
         return ended
 
     def _finish(self, run_id: int, exp_id: int, trial_id: int, run_number: int, status: JobStatus) -> None:
         _, run_dir = run_dirs(self.job_storage_root, exp_id, trial_id, run_number)
-        exit_info = read_run_json(self.job_storage_root, posixpath.join(run_dir, EXIT_FILE))
+        exit_info = self.files.read_json(posixpath.join(run_dir, EXIT_FILE))
         with self._tx() as s:
             ended = record_run_end(s, run_id, status, exit_info, self.config.preemption.signal)
         if ended is None:
             return
         reason, outcome = ended
-        self.poller.unwatch(status.job_id)
+        self.slurm.unwatch(status.job_id)
         log.info(
             "trial %s run %s (job %s) ended: %s → trial %s%s",
             trial_id, run_number, status.job_id, reason, outcome.trial_state,
@@ -588,8 +533,9 @@ def record_run_end(
         searcher_done=trial.searcher_done,
         preempt_signal=preempt_signal,
     )
-    reason = classify(status, exit_info, ctx)
-    return reason, svc.finish_trial_run(session, run_id, reason, message or describe(status, exit_info))
+    end = JobEnd.of(status, exit_info)
+    reason = classify(end, ctx)
+    return reason, svc.finish_trial_run(session, run_id, reason, message or describe(end))
 
 
 def _has_context(session: Session, experiment_id: int) -> bool:

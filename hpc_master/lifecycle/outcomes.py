@@ -1,20 +1,59 @@
-"""Why a trial run ended: Slurm's view, the job entry's `exit.json`, and what the master had asked for.
+"""How a job ended, read once for trials and tasks alike: Slurm's view and the job entry's `exit.json`.
 
-Pure: `classify()` takes plain values and returns a `TerminationReason` (which the termination table in
-`hpc_master.services.states` turns into run and trial states, a retry policy and a message).
+`JobEnd.of(status, exit_info)` is the one reading of a finished job, through the job side's own contract
+(`harness.exec.job_contract.ExitRecord`: the file is the job owner's, so any key may be missing or of the wrong
+type, and none of it is trusted beyond its shape). Trials then ask
+`classify()`, which weighs it against what the master had asked for and returns a `TerminationReason` (the
+termination table in `hpc_master.services.states` turns that into run and trial states, a retry policy and a
+message); tasks ask `task_end()` for an exit code and words. Pure: plain values in, plain values out.
 """
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from harness.exec.job_contract import ExitRecord
 from hpc_master.services.states import TerminationReason, TrialState
 from slurm_backend import JobStatus, Outcome
 
 R = TerminationReason
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """A finished (or unschedulable, or lost) job: Slurm's status and what its ``exit.json`` says."""
+
+    status: JobStatus
+    exit_code: int | None
+    """The job entry's exit code, else Slurm's."""
+    preempted: bool
+    """The job checkpointed and exited because it was asked to (a signal, a pause)."""
+    signal: str | None
+    """The signal that asked it to, as ``SIGUSR1``."""
+    reason: str | None
+    """The job entry's words on why it ended."""
+    stage: str | None
+    """Where the job entry was when it failed (``entrypoint`` once the user's code ran)."""
+
+    @classmethod
+    def of(cls, status: JobStatus, exit_info: object) -> JobEnd:
+        """`exit_info`: the job's ``exit.json`` as read (None when there is none), through the job side's own
+        contract (``harness.exec.job_contract.ExitRecord``), which trusts nothing in it but its shape."""
+        record = ExitRecord.from_json(exit_info)
+        return cls(
+            status=status,
+            exit_code=record.exit_code if record.exit_code is not None else status.exit_code,
+            preempted=record.preempted is True,
+            signal=_signal_name(record.signal),
+            reason=record.reason or None,
+            stage=record.stage,
+        )
+
+    @property
+    def out_of_memory(self) -> bool:
+        return self.status.outcome is Outcome.OOM or "exceeded memory limit" in (self.reason or "").lower()
 
 
 @dataclass(frozen=True)
@@ -60,17 +99,15 @@ def _asked_to_stop(ctx: RunContext) -> TerminationReason | None:
     return None
 
 
-def classify(status: JobStatus, exit_info: Mapping[str, Any] | None, ctx: RunContext) -> TerminationReason:
-    """The reason a finished (or unschedulable, or lost) job ended."""
-    outcome = status.outcome
-    info = exit_info or {}
+def classify(end: JobEnd, ctx: RunContext) -> TerminationReason:
+    """The reason a trial's finished (or unschedulable, or lost) job ended."""
+    outcome = end.status.outcome
     asked = _asked_to_stop(ctx)
     if outcome is Outcome.SUCCEEDED:
         if asked is not None:
             return asked
-        if info.get("preempted"):
-            sig = _signal_name(info.get("signal"))
-            if sig == ctx.preempt_signal:
+        if end.preempted:
+            if end.signal == ctx.preempt_signal:
                 return R.TIME_LIMIT_CHECKPOINTED
             return R.SLURM_PREEMPTED
         return R.SEARCHER_DONE
@@ -80,10 +117,10 @@ def classify(status: JobStatus, exit_info: Mapping[str, Any] | None, ctx: RunCon
     if outcome is Outcome.PREEMPTED:
         return R.SLURM_PREEMPTED
     if outcome is Outcome.TIMED_OUT:
-        return R.TIME_LIMIT_CHECKPOINTED if info.get("preempted") else R.TIME_LIMIT
+        return R.TIME_LIMIT_CHECKPOINTED if end.preempted else R.TIME_LIMIT
     if outcome is Outcome.NODE_FAILED:
         return R.NODE_FAIL
-    if outcome is Outcome.OOM or "exceeded memory limit" in str(info.get("reason", "")).lower():
+    if end.out_of_memory:
         return R.OUT_OF_MEMORY
     if outcome is Outcome.UNSCHEDULABLE:
         return R.SUBMIT_FAILED
@@ -94,9 +131,27 @@ def classify(status: JobStatus, exit_info: Mapping[str, Any] | None, ctx: RunCon
     return R.JOB_LOST
 
 
-def describe(status: JobStatus, exit_info: Mapping[str, Any] | None) -> str:
+def describe(end: JobEnd) -> str:
     """The detail shown after the table's message: Slurm's words and the job entry's reason."""
-    parts = [f"Slurm job {status.job_id} {status.message}"]
-    if exit_info and exit_info.get("reason"):
-        parts.append(str(exit_info["reason"]))
+    parts = [f"Slurm job {end.status.job_id} {end.status.message}"]
+    if end.reason:
+        parts.append(end.reason)
     return "; ".join(parts)
+
+
+def task_end(end: JobEnd, *, killed: bool, why: str | None = None) -> tuple[int | None, str]:
+    """A task's (exit code, why it ended in words); `why`: the reason the master killed it, when not the user."""
+    status = end.status
+    slurm = f"Slurm job {status.job_id} {status.message}"
+    if killed:
+        return end.exit_code, f"{why or 'killed by the user'} ({slurm})"
+    if status.outcome is Outcome.UNSCHEDULABLE:
+        return None, f"it can never start here: {status.reason or status.message} ({slurm})"
+    if end.reason:
+        reason = end.reason
+        if end.stage not in (None, "entrypoint") and end.exit_code:
+            reason = f"setup failed ({end.stage}): {reason}"
+        return end.exit_code, reason if status.outcome is Outcome.SUCCEEDED else f"{reason} ({slurm})"
+    if status.outcome is Outcome.TIMED_OUT:
+        return end.exit_code, f"reached its time limit ({slurm})"
+    return end.exit_code, slurm

@@ -20,7 +20,7 @@ from pathlib import PurePath
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-import userfiles
+from hpc_master.asuser import RunFiles
 from hpc_master.db.models import LogFileModel, TrialRunModel
 
 RANK_PREFIX = re.compile(r"^\[rank=(\d+)\] ?")
@@ -163,8 +163,9 @@ def read_new_lines(
         key = str(source.path)
         start = cursor.offsets.get(key, 0)
         try:
-            parts = userfiles.relative_parts(source.anchor, source.path)
-            data, status = userfiles.read_bytes(source.anchor, parts, offset=start, max_bytes=max_bytes + 1)
+            data, status = RunFiles.read_bytes(
+                source.anchor, source.path, offset=start, max_bytes=max_bytes + 1
+            )
         except OSError:  # not there (yet), or a link, FIFO or root's file in its place: nothing to show
             continue
         written = dt.datetime.fromtimestamp(status.st_mtime, dt.UTC)

@@ -1,8 +1,13 @@
 """The Slurm half of tasks, run by the lifecycle loop each tick: submit what is queued, cancel what was
 killed, and learn from the shared poller how jobs went.
 
+Slurm is reached through the master's one `SlurmJobs` (``hpc_master.lifecycle.slurm_jobs``), as the trials'
+jobs are: the same submit ladder, and the same gate (while the controller does not answer, no task's sbatch
+is tried until the backoff has passed; a task over a submit limit waits until a job ends).
+
 After a master crash nothing runs twice: a task is marked ``submit_attempted`` (committed) before its sbatch,
-and a task so marked with no job id is looked for by its job comment before another sbatch is tried.
+and a task so marked with no job id is looked for by its job comment before another sbatch is tried (one
+squeue per Unix account for all such tasks, not one per task).
 """
 
 from __future__ import annotations
@@ -21,14 +26,16 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-import userfiles
 from harness.exec.job_nodes import expand_nodelist
 from harness.exec.job_plan import EXIT_FILE
 from harness.exec.serve_door import PROOF_NAME, proof
+from hpc_master.asuser import AsUser, JobOwner, RunFiles
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import TaskModel, UserModel, utcnow
-from hpc_master.errors import ClientError, SlurmError
-from hpc_master.lifecycle.job_host import job_account, read_run_json
+from hpc_master.errors import ClientError
+from hpc_master.lifecycle.outcomes import JobEnd, task_end
+from hpc_master.lifecycle.slurm_jobs import ByComment, JobToSubmit, Lost, Refused, SlurmJobs, Waits
+from hpc_master.lifecycle.waiting import SLURM_UNAVAILABLE
 from hpc_master.masterconf import MasterConfig
 from hpc_master.tasks import service as svc
 from hpc_master.tasks.config import TaskType, duration_s, parse_task_config
@@ -42,9 +49,7 @@ from hpc_master.tasks.job import (
     task_comment,
 )
 from hpc_master.trialjob import DEFAULT_MAX_CONTEXT_BYTES, JobPaths, pool_from_master_config
-from hpc_master.trialjob_files import make_dir, write_bytes, write_text
 from slurm_backend import JobStatus, Outcome, Poller, SlurmCli
-from slurm_backend.cli import SlurmUnavailableError, SubmitLimitError
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +69,16 @@ class TaskDriver:
         python: str,
         master_url: str,
         cluster_id: str,
+        as_user: AsUser | None = None,
     ) -> None:
         self.sessions = sessions
         self.config = config
         self.cli = cli
         self.poller = poller
+        self.as_user = as_user or AsUser(RunFiles(job_storage_root), SlurmJobs(cli, poller))
+        """Everything done in a user's name: the trials' driver's, in a master (one submit gate for both)."""
+        self.slurm = self.as_user.slurm
+        self.files = self.as_user.files
         self.job_storage_root = job_storage_root
         self.platform_root = platform_root
         self.python = python
@@ -92,22 +102,26 @@ class TaskDriver:
     # ---- submit ---------------------------------------------------------------------------------------
     def submit_queued(self) -> int:
         with self._tx() as s:
-            ids = list(
-                s.scalars(
-                    select(TaskModel.id)
-                    .where(TaskModel.state.in_(svc.LIVE_STATES), TaskModel.slurm_job_id.is_(None))
-                    .order_by(TaskModel.start_time)
-                )
-            )
+            rows = s.execute(
+                select(TaskModel.id, TaskModel.submit_attempted, UserModel.unix_username)
+                .join(UserModel, UserModel.id == TaskModel.owner_id)
+                .where(TaskModel.state.in_(svc.LIVE_STATES), TaskModel.slurm_job_id.is_(None))
+                .order_by(TaskModel.start_time)
+            ).all()
+        # Tasks whose sbatch may have run (before a crash, or its answer lost): Slurm's jobs by comment, asked
+        # once per Unix account for all of them.
+        known = self.slurm.jobs_by_comment(
+            {unix if self.running_as_root else None for _, attempted, unix in rows if attempted}
+        )
         submitted = 0
-        for task_id in ids:
+        for task_id, _, _ in rows:
             try:
-                submitted += self._submit(task_id)
+                submitted += self._submit(task_id, known)
             except Exception:
                 log.exception("task %s: submitting failed; tried again next tick", task_id)
         return submitted
 
-    def _submit(self, task_id: str) -> int:
+    def _submit(self, task_id: str, known: ByComment | None) -> int:
         with self._tx() as s:
             task = s.get(TaskModel, task_id)
             owner = s.get(UserModel, task.owner_id) if task is not None else None
@@ -116,15 +130,15 @@ class TaskDriver:
             attempted, killed = task.submit_attempted, task.kill_requested
             unix_user = owner.unix_username
             owner_name = owner.username
+            pending = task.pending_reason
         comment = task_comment(self.cluster_id, task_id)
         as_user = unix_user if self.running_as_root else None
         if attempted:  # sbatch may have run before a crash: adopt its job rather than submit a second
-            try:
-                with self.cli.retries_at_most(0):
-                    found = self.cli.find_by_comment(comment, user=as_user)
-            except SlurmError as e:
-                log.info("task %s: cannot ask Slurm for its job yet (%s)", task_id, e)
+            if known is None or as_user not in known:
+                log.info("task %s: cannot ask Slurm for its job yet", task_id)
+                self._set_pending(task_id, SLURM_UNAVAILABLE)
                 return 0
+            found = known[as_user].get(comment)
             if found:
                 log.info(
                     "task %s: adopting Slurm job %s, submitted before the master restarted", task_id, found[0]
@@ -137,36 +151,37 @@ class TaskDriver:
                 if task is not None and task.state != TaskState.TERMINATED:
                     svc.finish(task, exit_status="killed by the user before its job started")
             return 0
+        if self.slurm.unavailable():  # not even its files are written again while the controller is away
+            if pending != SLURM_UNAVAILABLE:
+                self._set_pending(task_id, SLURM_UNAVAILABLE)
+            return 0
         try:
             plan = self._prepare(task_id, owner_name, unix_user)
         except (ClientError, OSError) as e:
             self._fail(task_id, f"cannot submit: {e}")
             return 0
-        try:
-            with self.cli.retries_at_most(0):
-                job_id = self.cli.submit(plan.script, as_user=as_user)
-        except SubmitLimitError as e:
-            self._set_pending(task_id, e.reason)
+        spec = plan.spec
+        result = self.slurm.submit(
+            JobToSubmit(plan.script, comment, as_user, (as_user, spec.account, spec.qos, spec.partition))
+        )
+        if isinstance(result, Waits):
+            log.info("task %s waits: %s", task_id, result.reason)
+            self._set_pending(task_id, result.reason)
             return 0
-        except SlurmUnavailableError as e:
-            self._set_pending(task_id, "SlurmControllerUnavailable")
-            log.info("task %s waits: %s", task_id, e)
+        if isinstance(result, Refused):  # what it asks for can never run here
+            self._fail(task_id, f"Slurm refused the job: {result.message}")
             return 0
-        except ClientError as e:  # refused: what it asks for can never run here
-            self._fail(task_id, f"Slurm refused the job: {e}")
+        if isinstance(result, Lost):
+            self._fail(task_id, result.message)
             return 0
-        except SlurmError as e:
-            self._fail(task_id, f"sbatch failed: {e}")
-            return 0
-        self._record_job(task_id, job_id)
-        log.info("task %s submitted as Slurm job %s", task_id, job_id)
+        self._record_job(task_id, result.job_id)
+        log.info(
+            "task %s %s Slurm job %s", task_id, "adopted" if result.adopted else "submitted as", result.job_id
+        )
         return 1
 
-    def _job_user(self, owner_name: str, unix_user: str | None) -> tuple[int | None, int | None]:
-        return job_account(owner_name, unix_user) if self.running_as_root else (None, None)
-
     def _prepare(self, task_id: str, owner_name: str, unix_user: str | None) -> TaskJobPlan:
-        uid, gid = self._job_user(owner_name, unix_user)
+        owner = JobOwner.of(owner_name, unix_user, running_as_root=self.running_as_root)
         with self._tx() as s:
             task = s.get(TaskModel, task_id)
             assert task is not None
@@ -196,7 +211,7 @@ class TaskDriver:
         if plan.run_dir != run_dir:  # the job storage root moved since the task was created
             raise ClientError(f"the task's directory {run_dir} is not where this master keeps tasks")
         token = secrets.token_urlsafe(32) if task_type in SERVICE_TYPES else None
-        write_task_dir(plan, archive, uid=uid, gid=gid, service_token=token)
+        write_task_dir(self.files, plan, archive, owner, service_token=token)
         with self._tx() as s:
             task = s.get(TaskModel, task_id)
             assert task is not None
@@ -219,7 +234,7 @@ class TaskDriver:
                 task.slurm_job_id = job_id
                 task.submit_attempted = True
                 task.pending_reason = None
-        self.poller.watch(job_id)
+        self.slurm.watch(job_id)
 
     def _set_pending(self, task_id: str, reason: str) -> None:
         with self._tx() as s:
@@ -248,13 +263,8 @@ class TaskDriver:
                 )
             )
         for job_id in jobs:
-            try:
-                with self.cli.retries_at_most(0):
-                    self.cli.cancel(str(job_id))
-            except SlurmUnavailableError:
-                return
-            except SlurmError as e:
-                log.warning("scancel %s failed: %s", job_id, e)
+            if self.slurm.unavailable() or not self.slurm.cancel(str(job_id)):
+                return  # asked again once the controller answers
 
     # ---- poll -----------------------------------------------------------------------------------------
     def poll(self) -> int:
@@ -269,27 +279,22 @@ class TaskDriver:
             }
         if not live:
             return 0
-        self.poller.watch_all(live)
-        statuses = self.poller.poll()
+        statuses = self.slurm.poll(live)
         ended = 0
         for job_id, (task_id, run_dir) in live.items():
             status = statuses.get(job_id)
             if status is None:
                 continue
-            if status.outcome is Outcome.UNSCHEDULABLE:
-                try:
-                    with self.cli.retries_at_most(0):
-                        self.cli.cancel(job_id)
-                except SlurmError:
-                    continue
+            if status.outcome is Outcome.UNSCHEDULABLE and not self.slurm.cancel(job_id):
+                continue
             if status.is_terminal or status.outcome is Outcome.UNSCHEDULABLE:
-                self._finish(
-                    task_id, status, read_run_json(self.job_storage_root, posixpath.join(run_dir, EXIT_FILE))
-                )
-                self.poller.unwatch(job_id)
+                self._finish(task_id, status, self.files.read_json(posixpath.join(run_dir, EXIT_FILE)))
+                self.slurm.unwatch(job_id)
                 ended += 1
             else:
                 self._update(task_id, status)
+        if ended:
+            self.slurm.jobs_ended()
         return ended
 
     def _update(self, task_id: str, status: JobStatus) -> None:
@@ -316,7 +321,7 @@ class TaskDriver:
         if discover is not None:
             run_dir, nodes, token = discover
             service_file = posixpath.join(run_dir, SERVICE_FILE)
-            address = service_address(self.job_storage_root, service_file, nodes, task_id, token)
+            address = service_address(self.files, service_file, nodes, task_id, token)
             if address is not None:
                 with self._tx() as s:
                     task = s.get(TaskModel, task_id)
@@ -354,35 +359,11 @@ class TaskDriver:
                 return
             # A kill with a reason already recorded (an idle timeout) keeps it; a user's kill has none.
             why = task.exit_status if task.kill_requested else None
-            code, words = exit_of(status, exit_info, killed=task.kill_requested, why=why)
+            code, words = task_end(JobEnd.of(status, exit_info), killed=task.kill_requested, why=why)
             if status.node_list and not task.node_list:
                 task.node_list = status.node_list
             svc.finish(task, exit_status=words, exit_code=code)
         log.info("task %s (job %s) ended: %s", task_id, status.job_id, words)
-
-
-def exit_of(
-    status: JobStatus, exit_info: dict[str, Any] | None, *, killed: bool, why: str | None = None
-) -> tuple[int | None, str]:
-    """(exit code, why it ended in words) from what Slurm and the job entry's ``exit.json`` say; `why`: the
-    reason the master killed it, when not the user."""
-    code = exit_info.get("exitCode") if exit_info else None
-    if not isinstance(code, int):
-        code = status.exit_code
-    slurm = f"Slurm job {status.job_id} {status.message}"
-    if killed:
-        return code, f"{why or 'killed by the user'} ({slurm})"
-    if status.outcome is Outcome.UNSCHEDULABLE:
-        return None, f"it can never start here: {status.reason or status.message} ({slurm})"
-    if exit_info and exit_info.get("reason"):
-        stage = exit_info.get("stage")
-        reason = str(exit_info["reason"])
-        if stage not in (None, "entrypoint") and code:
-            reason = f"setup failed ({stage}): {reason}"
-        return code, reason if status.outcome is Outcome.SUCCEEDED else f"{reason} ({slurm})"
-    if status.outcome is Outcome.TIMED_OUT:
-        return code, f"reached its time limit ({slurm})"
-    return code, slurm
 
 
 def idle_timeout_s(task: TaskModel, tensorboard_timeout_s: int | None) -> int | None:
@@ -393,19 +374,19 @@ def idle_timeout_s(task: TaskModel, tensorboard_timeout_s: int | None) -> int | 
 
 
 def service_address(
-    anchor: str, path: str, node_list: str, task_id: str, token: str, timeout_s: float = 0.5
+    files: RunFiles, path: str, node_list: str, task_id: str, token: str, timeout_s: float = 0.5
 ) -> str | None:
     """``node:port`` once the task's server answers there and proves it holds the task's token, else None.
 
     The node is where Slurm placed the job (`node_list`, from squeue); the port is the job's ``service.json``'s
-    (below `anchor`), believed only once the door there answers a fresh nonce with HMAC(token, nonce)
+    (read through `files`), believed only once the door there answers a fresh nonce with HMAC(token, nonce)
     (``harness.exec.serve_door``): the file is the user's to write, and the proxy must reach nothing but
     this task's own server. The file's ``host`` is never used."""
     nodes = expand_nodelist(node_list) if node_list else []
     if len(nodes) != 1 or not token:
         return None
     host = nodes[0]
-    info = read_run_json(anchor, path)
+    info = files.read_json(path)
     if info is None:
         return None
     port = info.get("port")
@@ -428,23 +409,19 @@ def service_address(
 
 
 def write_task_dir(
+    files: RunFiles,
     plan: TaskJobPlan,
     archive: bytes | None,
+    owner: JobOwner,
     *,
-    uid: int | None,
-    gid: int | None,
     service_token: str | None = None,
 ) -> None:
     """``<root>/tasks`` (the master's: others may pass through, not list it), then the task's own directory,
     owned by the user the job runs as, with the plan's files and the context archive."""
     parent = os.path.dirname(plan.run_dir)
-    if os.path.basename(parent) != TASKS_DIR:
+    if os.path.basename(parent) != TASKS_DIR or os.path.dirname(parent) != files.root.rstrip("/"):
         raise ClientError(f"unexpected task directory {plan.run_dir}")
-    root = os.path.dirname(parent)
-    os.makedirs(root, exist_ok=True)  # the master's own (its configuration): followed as it is
-    userfiles.make_dirs(root, (TASKS_DIR,), mode=0o711)  # the master's, never chowned
-    make_dir(parent, plan.run_dir, uid, gid)
-    for name, (text, mode) in plan.files(service_token).items():
-        write_text(parent, os.path.join(plan.run_dir, name), text, mode, uid, gid)
+    files.make_masters_dir(TASKS_DIR, mode=0o711)  # the master's, never chowned
+    files.write_files(plan.run_dir, plan.files(service_token), owner, anchor=parent)
     if archive is not None and plan.context_path is not None:
-        write_bytes(parent, plan.context_path, archive, uid, gid)
+        files.write(plan.context_path, archive, owner, anchor=parent)

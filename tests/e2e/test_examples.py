@@ -126,7 +126,7 @@ def test_digits_distributed_runs_4_ranks_on_2_nodes(master: Master, alice: dict[
     log = _output(master, exp, trial["id"])
     started = set(re.findall(r"\[rank=(\d)\].*\[(node\d)\] rank (\d)/4 ", log))
     assert {(r, r2) for r, _, r2 in started} == {(str(i), str(i)) for i in range(4)}, log[-3000:]
-    assert {node for _, node, _ in started} == {"node1", "node2"}
+    assert len({node for _, node, _ in started}) == 2  # two of the cluster's nodes, two ranks each
     assert "[rank=0] done after 400 batches" in log
     vals = _validations(master, alice, trial["id"])
     assert vals[-1]["steps"] == 400 and vals[-1]["validation_accuracy"] >= 0.9, vals
@@ -204,7 +204,7 @@ def test_core_api_tutorial_stages(master: Master, alice: dict[str, str]) -> None
     log = _output(master, exps["4_distributed"], t4["id"])
     ranks = set(re.findall(r"\[rank=(\d)\] rank (\d) of 4 on (node\d)", log))
     assert {(a, b) for a, b, _ in ranks} == {(str(i), str(i)) for i in range(4)}, log[-3000:]
-    assert {node for _, _, node in ranks} == {"node1", "node2"}
+    assert len({node for _, _, node in ranks}) == 2
     assert _training_steps(master, alice, t4["id"]) == list(range(20, 201, 20))
     assert _validations(master, alice, t4["id"])[-1]["validation_loss"] < 0.05
 

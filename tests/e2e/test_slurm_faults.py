@@ -85,14 +85,15 @@ def test_a_controller_outage_mid_experiment_loses_nothing(master: Master, alice:
     try:
         _outage_mid_experiment(master, alice)
     finally:
-        _recount_gres_after_the_outage()
         # The same Slurm can list a job that ended during the outage as still running after slurmctld's restart
         # (seen in CI: the master had its exit record and SEARCHER_DONE, squeue still showed the job 2 minutes
-        # later). The experiments completed and were checked above; what Slurm still lists is cancelled here.
+        # later). The experiments completed and were checked above; what Slurm still lists is cancelled first,
+        # so that the recount below does not wait up to two minutes for the queue to drain on its own.
         left = master.slurm_jobs()
         if left:
             print(f"jobs Slurm still listed after the outage: {left}; cancelling them")
             subprocess.run(["scancel", *left], check=False)
+        _recount_gres_after_the_outage()
 
 
 def _outage_mid_experiment(master: Master, alice: dict[str, str]) -> None:

@@ -16,10 +16,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from harness.exec import serve_door
+from hpc_master.asuser import AsUser, RunFiles
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import TaskModel
 from hpc_master.lifecycle.job_host import PLATFORM_ROOT
 from hpc_master.lifecycle.loop import LifecycleLoop
+from hpc_master.lifecycle.slurm_jobs import SlurmJobs
 from hpc_master.masterconf import MasterConfig
 from hpc_master.services.lifecycle import mint_trial_token
 from hpc_master.tasks import service as task_svc
@@ -46,6 +48,9 @@ class World:
             self.sessions, self.config, cli, poller,
             job_storage_root=str(self.config.job_storage_dir()), platform_root=PLATFORM_ROOT,
             python="/usr/bin/python3", master_url="http://master:8080", cluster_id="test-cluster",
+            as_user=AsUser(
+                RunFiles(str(self.config.job_storage_dir())), SlurmJobs(cli, poller, clock=self.cluster.monotonic)
+            ),
         )  # fmt: skip
         self.driver.running_as_root = False
         self.loop = LifecycleLoop(self.sessions, None, tasks=self.driver)
@@ -167,16 +172,68 @@ def test_a_refused_job_ends_the_command_with_slurms_words(world: World) -> None:
 
 @pytest.mark.storage  # counting and adoption queries
 def test_a_lost_sbatch_answer_is_adopted_by_its_comment_not_submitted_twice(world: World) -> None:
-    cmd = world.run(world.admin, "true")
+    comment = "hpc-det:testcluster:task={}"
+    # The answer is lost, and Slurm has the job: it is adopted at once.
+    first = world.run(world.admin, "true")
     world.cluster.lose_next_submit_answer()
     world.tick()
-    assert world.task(cmd["id"]).slurm_job_id is None and world.task(cmd["id"]).submit_attempted
-    world.restart()  # a master restart in between changes nothing: the mark was committed
+    assert world.job_id(first["id"]) == world.cluster.by_comment(comment.format(first["id"]))[0].job_id
+    # The answer is lost and the controller stops answering: the task waits, marked as maybe submitted.
+    cmd = world.run(world.admin, "true")
+    world.cluster.lose_next_submit_answer(then_controller_down=True)
     world.tick()
-    assert world.cluster.count("sbatch") == 1
-    assert (
-        world.job_id(cmd["id"]) == world.cluster.by_comment(f"hpc-det:testcluster:task={cmd['id']}")[0].job_id
-    )
+    task = world.task(cmd["id"])
+    assert task.slurm_job_id is None and task.submit_attempted
+    assert task.pending_reason == "SlurmControllerUnavailable"
+    world.restart()  # a master restart in between changes nothing: the mark was committed
+    world.cluster.restart_controller()
+    world.tick()
+    assert world.cluster.count("sbatch") == 2  # one per command: neither was submitted twice
+    assert world.job_id(cmd["id"]) == world.cluster.by_comment(comment.format(cmd["id"]))[0].job_id
+
+
+def test_queued_tasks_wait_out_an_outage_behind_the_masters_backoff(world: World) -> None:
+    """The trials' backoff, for tasks: while the controller does not answer, one sbatch finds that out and
+    the other tasks wait without asking; each is submitted once it is back."""
+    world.cluster.kill_controller()
+    cmds = [world.run(world.admin, "true") for _ in range(3)]
+    world.tick()
+    # One task's try, not one per task (a refusal that never reached the controller is tried twice by
+    # slurm_backend.cli: 2 sbatch runs; without the gate, 6).
+    one_try = world.cluster.count("sbatch")
+    assert one_try == 2
+    assert {world.task(c["id"]).pending_reason for c in cmds} == {"SlurmControllerUnavailable"}
+    world.tick(3)  # 30 s: the backoff (5 s doubling) lets one try through now and then, never one per task
+    assert world.cluster.count("sbatch") <= 3 * one_try
+    world.cluster.restart_controller()
+    world.tick(3)
+    jobs = [world.job_id(c["id"]) for c in cmds]
+    assert len(set(jobs)) == 3
+    assert sum(1 for c in world.cluster.calls if "sbatch" in c.argv and c.returncode == 0) == 3
+
+
+def _by_comment_queries(cluster: FakeCluster) -> int:
+    return sum(1 for c in cluster.calls if "--format=%A|%k" in c.argv)
+
+
+def test_tasks_maybe_submitted_before_a_restart_are_looked_for_with_one_squeue(world: World) -> None:
+    """After a crash between the committed mark and sbatch's answer, every marked task is looked for by its
+    comment: one squeue for all of them (per Unix account), not one per task."""
+    cmds = [world.run(world.admin, "true") for _ in range(3)]
+    with transaction(world.sessions) as s:
+        for c in cmds:
+            task = s.get(TaskModel, c["id"])
+            assert task is not None
+            task.submit_attempted = True
+    # The first one's sbatch had reached Slurm before the crash.
+    comment = f"hpc-det:testcluster:task={cmds[0]['id']}"
+    SlurmCli(runner=world.cluster).submit(f"#!/bin/bash\n#SBATCH --comment={comment}\ntrue\n")
+    world.restart()
+    world.tick()
+    assert _by_comment_queries(world.cluster) == 1
+    assert world.job_id(cmds[0]["id"]) == world.cluster.by_comment(comment)[0].job_id  # adopted
+    assert world.cluster.count("sbatch") == 3  # the one before the crash, and one for each other task
+    assert len({world.job_id(c["id"]) for c in cmds}) == 3
 
 
 def test_task_logs_stream_the_jobs_output(world: World) -> None:

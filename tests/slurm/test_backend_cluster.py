@@ -103,7 +103,8 @@ def test_two_nodes_two_gpus_each(cli: SlurmCli, researcher: Researcher, shared_d
     status = wait_terminal(poller, [job_id], 60)[job_id]
     assert (status.outcome, status.exit_code) == (Outcome.SUCCEEDED, 0), status
     lines = sorted((shared_dir / f"node.{i}").read_text().split() for i in range(2))
-    assert lines == [["node1", "0,1"], ["node2", "0,1"]]
+    # Two of the cluster's nodes (which two is Slurm's choice), each job step seeing both of its GPUs.
+    assert [gpus for _, gpus in lines] == ["0,1", "0,1"] and len({node for node, _ in lines}) == 2, lines
 
 
 def test_poller_tracks_five_jobs_with_one_squeue_per_poll(

@@ -35,6 +35,7 @@ with det.core.init() as core:
     seen = d.allgather({"rank": d.rank, "host": socket.gethostname()})
     print("RESULT " + json.dumps({
         "rank": d.rank,
+        "host": socket.gethostname(),
         "size": d.size,
         "container_addrs": info.container_addrs,
         "container_rank": info.container_rank,
@@ -127,7 +128,8 @@ def test_four_slot_core_api_trial_on_two_nodes(researcher: Researcher, shared_di
         if m:
             rows[int(m.group(1))] = json.loads(m.group(2))
     assert sorted(rows) == [0, 1, 2, 3], output
-    node_ips = [socket.gethostbyname("node1"), socket.gethostbyname("node2")]
+    # The job's two nodes (which two of the cluster's is Slurm's choice), in rank order.
+    node_ips = [socket.gethostbyname(rows[0]["host"]), socket.gethostbyname(rows[2]["host"])]
     for prefix_rank, row in rows.items():
         assert row["rank"] == prefix_rank and row["size"] == 4
         assert row["container_addrs"] == node_ips

@@ -208,7 +208,7 @@ def _plan(config: dict[str, object], pool: PoolSpec) -> dict[str, object]:
     job = build_trial_job(
         parse_experiment_config(config), pool, TRIAL, PATHS, master_url="http://m:8080", session_token="t"
     )
-    return job.plan
+    return job.plan.to_json()  # plan.json
 
 
 def test_trial_job_container_section_per_device_type() -> None:

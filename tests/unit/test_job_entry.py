@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.exec._job_unpack import UnsafeArchiveError, iter_tree, unpack_context
+from harness.exec.job_contract import JobPlan
 from harness.exec.job_entry import build_environment
 from harness.exec.job_nodes import container_addrs, expand_nodelist
 from harness.exec.job_plan import resolve_entrypoint, tasks_per_slot
@@ -210,11 +211,17 @@ def test_tasks_per_slot() -> None:
 
 
 def test_environment_ours_win_and_pythonpath_keeps_ours_first() -> None:
-    plan = {
-        "python": "/venv/bin/python",
-        "env": {"PYTHONPATH": "/p/determined_compat:/p", "DET_TRIAL_ID": "7"},
-        "user_env": {"DET_TRIAL_ID": "999", "PYTHONPATH": "/mine", "FOO": "bar"},
-    }
+    plan = JobPlan(
+        entrypoint="python3 train.py",
+        slots_per_trial=1,
+        python="/venv/bin/python",
+        context_archive=None,
+        max_context_bytes=1 << 20,
+        workdir="/w",
+        env={"PYTHONPATH": "/p/determined_compat:/p", "DET_TRIAL_ID": "7"},
+        user_env={"DET_TRIAL_ID": "999", "PYTHONPATH": "/mine", "FOO": "bar"},
+        preempt_signal="SIGUSR1",
+    )
     env = build_environment(plan, "tok", {"PATH": "/usr/bin", "HOME": "/h"}, ["10.0.0.1", "10.0.0.2"])
     assert env["DET_TRIAL_ID"] == "7"
     assert env["FOO"] == "bar"

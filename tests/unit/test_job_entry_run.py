@@ -210,7 +210,7 @@ def test_context_is_unpacked_once_per_trial(tmp_path: Path) -> None:
 
 def test_unsafe_context_fails_with_a_clear_reason(tmp_path: Path) -> None:
     plan = _plan(tmp_path, "ok")
-    with tarfile.open(plan.plan["context_archive"], "w:gz") as tar:
+    with tarfile.open(plan.plan.context_archive, "w:gz") as tar:
         info = tarfile.TarInfo("../../escape.py")
         tar.addfile(info, io.BytesIO(b""))
     log = tmp_path / "out.log"

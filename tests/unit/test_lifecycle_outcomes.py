@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_master.lifecycle.outcomes import RunContext, classify
+from hpc_master.lifecycle.outcomes import JobEnd, RunContext, classify, describe, task_end
 from hpc_master.services.states import TERMINATION_TABLE, Retry, TerminationReason, TrialState
 from slurm_backend import JobStatus, Outcome
 
@@ -92,7 +92,7 @@ def status(outcome: Outcome, exit_code: int | None = 0) -> JobStatus:
 def test_classify(
     outcome: Outcome, exit_info: dict[str, object] | None, ctx: RunContext, expected: R
 ) -> None:
-    assert classify(status(outcome), exit_info, ctx) == expected
+    assert classify(JobEnd.of(status(outcome), exit_info), ctx) == expected
 
 
 def test_every_reason_classify_can_return_has_a_policy() -> None:
@@ -102,3 +102,34 @@ def test_every_reason_classify_can_return_has_a_policy() -> None:
     assert TERMINATION_TABLE[R.PAUSE_CALLED_OFF].retry == Retry.RESUBMIT
     assert TERMINATION_TABLE[R.NONZERO_EXIT].retry == Retry.RESTART
     assert TERMINATION_TABLE[R.NODE_FAIL].retry == Retry.RESTART
+
+
+@pytest.mark.parametrize(
+    "exit_info",
+    [
+        None,
+        [],
+        "exit",
+        {"exitCode": "0", "preempted": "yes", "signal": [], "reason": 7, "stage": {}},
+        {"exitCode": True, "signal": -3, "reason": "", "stage": None},
+    ],
+)
+def test_an_exit_record_of_any_shape_is_read_without_trusting_it(exit_info: object) -> None:
+    """exit.json is the job owner's file: whatever it holds, the reading falls back on Slurm's word."""
+    end = JobEnd.of(status(Outcome.FAILED, exit_code=9), exit_info)  # type: ignore[arg-type]
+    assert end.exit_code == 9 and end.preempted is False and end.signal is None and end.stage is None
+    assert classify(end, ACTIVE) is R.NONZERO_EXIT
+
+
+def test_trials_and_tasks_read_the_same_end() -> None:
+    """One reading: the exit code, the stage and the reason a trial's message shows are a task's too."""
+    end = JobEnd.of(status(Outcome.FAILED, 1), {"exitCode": 3, "reason": "no such file", "stage": "unpack"})
+    assert classify(end, ACTIVE) is R.NONZERO_EXIT
+    slurm = f"Slurm job 42 {end.status.message}"
+    assert describe(end) == f"{slurm}; no such file"
+    assert task_end(end, killed=False) == (3, f"setup failed (unpack): no such file ({slurm})")
+    assert task_end(end, killed=True, why="idle for 60 s") == (3, f"idle for 60 s ({slurm})")
+    timed_out = JobEnd.of(status(Outcome.TIMED_OUT, None), None)
+    assert task_end(timed_out, killed=False) == (
+        None, f"reached its time limit (Slurm job 42 {timed_out.status.message})"
+    )  # fmt: skip

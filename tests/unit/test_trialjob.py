@@ -103,8 +103,8 @@ def test_script_matches_golden(name: str) -> None:
 def test_token_never_in_script_or_plan(name: str) -> None:
     plan = PLANS[name]()
     assert TOKEN not in plan.script
-    assert TOKEN not in json.dumps(plan.plan)
-    assert TOKEN not in json.dumps(plan.cluster_info)
+    assert TOKEN not in json.dumps(plan.plan.to_json())
+    assert TOKEN not in json.dumps(plan.cluster_info.to_json())
     assert TOKEN not in repr(plan)
     assert plan.files()[run_files.TOKEN_FILE] == (TOKEN + "\n", 0o600)
 
@@ -161,15 +161,15 @@ def test_env_and_cluster_info() -> None:
     assert env["DET_JOB_STORAGE"] == "/shared/det/jobs/exp-3/trial-7"
     assert env["DET_STORAGE_ROOT"] == "/shared/det/checkpoints"
     assert plan.user_env == {"NCCL_DEBUG": "INFO"}
-    info = plan.cluster_info
+    info = plan.cluster_info.to_json()
     assert info["slot_ids"] == [0, 1]
     assert info["allocation_id"] == "7.2"
     assert info["trial"]["hparams"] == {"lr": 0.1}
     assert info["trial"]["steps_completed"] == 10
     assert info["trial"]["user_data"] == {"url": "s3://x"}
     assert info["trial"]["config"]["resources"]["slots_per_trial"] == 4
-    assert set(plan.plan) == set(run_files.PLAN_KEYS)
-    assert plan.plan["workdir"] == "/shared/det/jobs/exp-3/trial-7/work"
+    assert set(plan.plan.to_json()) == set(run_files.PLAN_KEYS)
+    assert plan.plan.workdir == "/shared/det/jobs/exp-3/trial-7/work"
 
 
 def test_checkpoint_storage_from_config() -> None:
@@ -241,8 +241,11 @@ def test_write_run_dir(tmp_path: Path) -> None:
     run_dir = Path(plan.run_dir)
     assert stat.S_IMODE((run_dir / run_files.TOKEN_FILE).stat().st_mode) == 0o600
     assert (run_dir / run_files.TOKEN_FILE).read_text().strip() == TOKEN
-    assert json.loads((run_dir / run_files.PLAN_FILE).read_text()) == plan.plan
-    assert json.loads((run_dir / run_files.CLUSTER_INFO_TEMPLATE_FILE).read_text()) == plan.cluster_info
+    assert json.loads((run_dir / run_files.PLAN_FILE).read_text()) == plan.plan.to_json()
+    assert (
+        json.loads((run_dir / run_files.CLUSTER_INFO_TEMPLATE_FILE).read_text())
+        == plan.cluster_info.to_json()
+    )
     assert (run_dir / run_files.SCRIPT_FILE).read_text() == plan.script
     write_run_dir(plan, paths.job_storage_root)  # a resubmission of the same run rewrites in place
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(plan.files())
