@@ -67,8 +67,9 @@ class Record(_Length):
 
 
 def async_checkpoints_default() -> bool:
-    """``DET_ASYNC_CHECKPOINTS``: ``1``/``true`` (the default) or ``0``/``false``."""
-    raw = os.environ.get("DET_ASYNC_CHECKPOINTS", "1").strip().lower()
+    """``DET_ASYNC_CHECKPOINTS``: ``1``/``true`` or ``0``/``false`` (the default, until the periodic overhead is
+    measured on an idle machine: ``bench/results/checkpoint_stall.md``)."""
+    raw = os.environ.get("DET_ASYNC_CHECKPOINTS", "0").strip().lower()
     if raw not in ("1", "0", "true", "false", "yes", "no"):
         raise ValueError(f"DET_ASYNC_CHECKPOINTS: {raw!r} is not one of 1, 0, true, false")
     return raw in ("1", "true", "yes")
@@ -287,7 +288,7 @@ class Trainer:
 
         ``async_checkpoints`` (ours, not Determined's): periodic checkpoints are staged in memory and written in
         the background (``CheckpointContext.save_state(asynchronous=True)``); the final checkpoint of a
-        preemption, a pause or the end is synchronous. Default: ``DET_ASYNC_CHECKPOINTS`` (``1``).
+        preemption, a pause or the end is synchronous. Default: ``DET_ASYNC_CHECKPOINTS`` (``0``).
         """
         c = self.context
         if async_checkpoints is not None:

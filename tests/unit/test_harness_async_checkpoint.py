@@ -269,7 +269,7 @@ def test_trial_periodic_checkpoints_are_asynchronous_and_resume_exactly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("DET_CLUSTER_INFO", raising=False)
-    monkeypatch.delenv("DET_ASYNC_CHECKPOINTS", raising=False)
+    monkeypatch.setenv("DET_ASYNC_CHECKPOINTS", "1")
     hp = {"lr": 0.05, "global_batch_size": 4}
     toy_trial.SEEN.clear()
     _run(tmp_path / "a", hp)
@@ -296,10 +296,15 @@ def _by_steps(root: Path) -> dict[int, Path]:
     return out
 
 
-def test_async_checkpoints_opt_out_and_bad_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_async_checkpoints_off_by_default_and_bad_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("DET_CLUSTER_INFO", raising=False)
-    monkeypatch.setenv("DET_ASYNC_CHECKPOINTS", "0")
+    monkeypatch.delenv("DET_ASYNC_CHECKPOINTS", raising=False)
     ckpt = _run(tmp_path / "a", {"lr": 0.05, "global_batch_size": 4})
+    assert ckpt._staging is None  # synchronous unless asked for (until measured on an idle machine)
+    monkeypatch.setenv("DET_ASYNC_CHECKPOINTS", "0")
+    ckpt = _run(tmp_path / "c", {"lr": 0.05, "global_batch_size": 4})
     assert ckpt._staging is None
     monkeypatch.setenv("DET_ASYNC_CHECKPOINTS", "maybe")
     with pytest.raises(ValueError, match="DET_ASYNC_CHECKPOINTS"):
