@@ -180,12 +180,13 @@ def test_as_root_a_users_tensorboard_parent_is_warned_about_once_and_submissions
         pytest.skip("needs root")
     from types import SimpleNamespace
 
+    from hpc_master.asuser import RunFiles
     from hpc_master.lifecycle.jobs import JobDriver
 
     root = tmp_path / "checkpoints"
     (root / "tensorboard" / "experiment").mkdir(parents=True)
     os.chown(root / "tensorboard", 4242, 4242)
-    driver = SimpleNamespace(_tensorboard_warned=set())
+    driver = SimpleNamespace(_tensorboard_warned=set(), files=RunFiles(str(tmp_path / "jobs")))
     for exp in (1, 2):
         JobDriver._make_tensorboard_dir(driver, str(root), exp, 65534, 65534)  # type: ignore[arg-type]
     warned = [r for r in caplog.records if "are not the master's" in r.getMessage()]
