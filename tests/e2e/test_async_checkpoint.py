@@ -118,8 +118,9 @@ def test_preemption_signal_while_an_async_save_is_in_flight_resumes_exactly(
     trial = _wait_trial(master, alice, exp, lambda t: t["stepsCompleted"] >= 12, "12 steps")
     job = master.jobs_of(exp, trial["id"])
     assert len(job) == 1
-    # What Slurm's preemption does first: SIGTERM to the job's processes (GraceTime before the SIGKILL).
-    subprocess.run(["scancel", "--signal=TERM", job[0]], check=True)
+    # Slurm's preemption SIGTERM (GraceTime before the SIGKILL), to every process of the job: this one-slot job
+    # runs its script in the batch step, which `--signal` alone does not reach (it signals steps only).
+    subprocess.run(["scancel", "--signal=TERM", "--full", job[0]], check=True)
     wait_for(lambda: len(_logs(master, exp, trial["id"])) == 2, 60, "the trial's next run")
     first = _logs(master, exp, trial["id"])[0]
     steps, uuid = _stopped_exactly(master, alice, exp, first)
