@@ -114,8 +114,6 @@ class JobDriver:
     ) -> None:
         self.sessions = sessions
         self.config = config
-        self.cli = cli
-        self.poller = poller
         self.job_storage_root = str(config.job_storage_root or get_job_storage_root())
         self.as_user = as_user or AsUser(
             RunFiles(self.job_storage_root), SlurmJobs(cli, poller, limit_retry_s=limit_retry_s, clock=clock)
@@ -131,7 +129,6 @@ class JobDriver:
         self.running_as_root = os.geteuid() == 0
         self.configs: DerivedConfigs[ExperimentConfig] = DerivedConfigs(parse_experiment_config)
         """Parsed configs by experiment: a grid of thousands of trials decodes its config once."""
-        self.gate = self.slurm.gate
         self.knobs = KnobCache()
         """Each experiment's priority and max_slots, re-read only when its row changes."""
         self.renicer = Renicer(config, cli, poller, self.knobs, clock=clock)

@@ -73,8 +73,6 @@ class TaskDriver:
     ) -> None:
         self.sessions = sessions
         self.config = config
-        self.cli = cli
-        self.poller = poller
         self.as_user = as_user or AsUser(RunFiles(job_storage_root), SlurmJobs(cli, poller))
         """Everything done in a user's name: the trials' driver's, in a master (one submit gate for both)."""
         self.slurm = self.as_user.slurm
