@@ -10,10 +10,9 @@ checkpoint directory is written by its owner's job. Everything the master does t
 - `AsUser.slurm` (`SlurmJobs`): sbatch (as the job's account), scancel, the poll;
 - `AsUser.checkpoints` (`CheckpointRemover`): checkpoint directories removed as their owner's account.
 
-Today's implementation is the master's own process: as root it chowns what it creates to the job's account
-and runs sbatch and the checkpoint remover through ``runuser``; as a user (a personal master) everything is
-its own. The privilege separation of the master (a per-user helper doing this work as the user) replaces what
-is behind this interface, and nothing that uses it. `tests/unit/test_layering.py` keeps the rest of the master
+A master that acts for its users (root, or its service account) does all of it through the per-user helper
+(``userhelper``, run as the user by `helper_client.UserHelper`): `HelperRunFiles`, the Slurm commands of
+`SlurmCli`'s ``user_runner`` and the checkpoint remover; a personal master does it all itself (`RunFiles`). `tests/unit/test_layering.py` keeps the rest of the master
 from reaching ``userfiles`` or the run-directory writers around it.
 """
 
@@ -21,15 +20,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import userfiles
 from hpc_master import trialjob_files as _files
+from hpc_master.helper_client import UserHelper, encode
 from hpc_master.lifecycle.job_host import job_account
 from hpc_master.lifecycle.slurm_jobs import SlurmJobs
 from hpc_master.services.checkpoint_remover import CheckpointRemover
-from hpc_master.trialjob import TrialJobPlan
+from hpc_master.trialjob import USER_TEMPLATE, TrialJobPlan, user_job_root
 
 UnsafePathError = userfiles.UnsafePathError
 
@@ -44,10 +44,10 @@ class JobOwner:
     gid: int | None = None
 
     @classmethod
-    def of(cls, owner_name: str, unix_user: str | None, *, running_as_root: bool) -> JobOwner:
-        """A root master's jobs run as the user's Unix account (refused without one, or for root); a personal
-        master's as itself."""
-        if not running_as_root:
+    def of(cls, owner_name: str, unix_user: str | None, *, acts_for_users: bool) -> JobOwner:
+        """The jobs of a master that acts for its users run as the user's Unix account (refused without one,
+        or for root); a personal master's as itself."""
+        if not acts_for_users:
             return cls()
         uid, gid = job_account(owner_name, unix_user)
         return cls(unix_user, uid, gid)
@@ -59,6 +59,22 @@ class RunFiles:
 
     def __init__(self, root: str) -> None:
         self.root = root
+
+    def user_root(self, owner: JobOwner) -> str:
+        """The owner's directory below the root (``trialjob.user_job_root``)."""
+        return user_job_root(self.root, owner.unix)
+
+    def ensure_user_root(self, owner: JobOwner) -> str:
+        """The owner's directory, made (a root master chowns it to the owner) or found; returns it."""
+        path = self.user_root(owner)
+        if owner.uid is None:
+            os.makedirs(path, exist_ok=True)  # the master's own
+            return path
+        if USER_TEMPLATE in self.root:
+            raise UnsafePathError(f"a per-user job storage root ({self.root}) needs the per-user helper")
+        os.makedirs(self.root, exist_ok=True)  # the master's own (its configuration): followed as it is
+        userfiles.make_dirs(self.root, (os.path.basename(path),), mode=0o750, uid=owner.uid, gid=owner.gid)
+        return path
 
     def make_dir(self, path: str, owner: JobOwner, *, anchor: str | None = None) -> None:
         """`path` and every directory between the anchor (default: the root) and it, the owner's."""
@@ -94,10 +110,12 @@ class RunFiles:
         """A trial run's directory and its plan's files (the token 0600)."""
         _files.write_run_dir(plan, self.root, uid=owner.uid, gid=owner.gid)
 
-    def exists(self, path: str) -> bool:
+    def exists(self, path: str, owner: JobOwner | None = None) -> bool:
         return userfiles.exists(self.root, userfiles.relative_parts(self.root, path))
 
-    def read_json(self, path: str, *, anchor: str | None = None) -> dict[str, Any] | None:
+    def read_json(
+        self, path: str, *, anchor: str | None = None, owner: JobOwner | None = None
+    ) -> dict[str, Any] | None:
         """A JSON object the job wrote (``exit.json``, ``service.json``); None when there is none or it cannot be
         read: a link, a FIFO or anything but a small regular file included."""
         base = anchor or self.root
@@ -116,19 +134,126 @@ class RunFiles:
             anchor, userfiles.relative_parts(anchor, path), offset=offset, max_bytes=max_bytes
         )
 
-    @staticmethod
-    def make_tensorboard_dir(checkpoint_root: str, experiment_id: int, owner: JobOwner) -> None:
+    def make_tensorboard_dir(self, checkpoint_root: str, experiment_id: int, owner: JobOwner) -> None:
         """The experiment's ``tensorboard/experiment/<id>``, the owner's (``trialjob_files``); UnsafePathError
         where the directories above it are not the master's."""
         assert owner.uid is not None, "only a root master makes directories for another account"
         _files.make_tensorboard_dir(checkpoint_root, experiment_id, owner.uid, owner.gid)
 
 
+class HelperRunFiles(RunFiles):
+    """The run files of a master that acts for its users: what belongs to a user (an owner with a Unix
+    account) is made, written and read by the per-user helper as that user; the master's own as before."""
+
+    def __init__(self, root: str, helper: UserHelper) -> None:
+        super().__init__(root)
+        self.helper = helper
+        self._ready: set[str] = set()
+        """Accounts whose directory was made or checked since the master started."""
+
+    def ensure_user_root(self, owner: JobOwner) -> str:
+        """The owner's directory: made by the user's helper, or checked by it (the user's, a real directory,
+        not writable by others); one its account does not own is refused, naming it for the admin. A root
+        master makes ``<root>/<account>`` for the user first (its root need not be writable by users)."""
+        if owner.unix is None:
+            return super().ensure_user_root(owner)
+        path = self.user_root(owner)
+        if owner.unix in self._ready:
+            return path
+        if os.geteuid() == 0 and USER_TEMPLATE not in self.root and owner.uid is not None:
+            os.makedirs(self.root, exist_ok=True)
+            userfiles.make_dirs(self.root, (owner.unix,), mode=0o750, uid=owner.uid, gid=owner.gid)
+        root = path if USER_TEMPLATE in self.root else self.root
+        self.helper.call(owner.unix, "user_dir", root=root)
+        self._ready.add(owner.unix)
+        return path
+
+    def forget_user_root(self, owner: JobOwner) -> None:
+        """Check the owner's directory again at its next use (it was not there)."""
+        self._ready.discard(owner.unix or "")
+
+    def make_dir(self, path: str, owner: JobOwner, *, anchor: str | None = None) -> None:
+        if owner.unix is None:
+            return super().make_dir(path, owner, anchor=anchor)
+        self.helper.call(owner.unix, "make_dirs", anchor=anchor or self.user_root(owner), path=path)
+        return None
+
+    def write(
+        self, path: str, data: bytes, owner: JobOwner, *, mode: int = 0o640, anchor: str | None = None
+    ) -> None:
+        if owner.unix is None:
+            return super().write(path, data, owner, mode=mode, anchor=anchor)
+        self.helper.call(
+            owner.unix,
+            "write",
+            anchor=anchor or self.user_root(owner),
+            path=path,
+            data=encode(data),
+            mode=mode,
+        )
+        return None
+
+    def write_files(
+        self,
+        directory: str,
+        files: Mapping[str, tuple[str, int]],
+        owner: JobOwner,
+        *,
+        anchor: str | None = None,
+    ) -> None:
+        if owner.unix is None:
+            return super().write_files(directory, files, owner, anchor=anchor)
+        listed = {name: [text, mode] for name, (text, mode) in files.items()}
+        self.helper.call(
+            owner.unix, "write_files", anchor=anchor or self.user_root(owner), path=directory, files=listed
+        )
+        return None
+
+    def write_run_dir(self, plan: TrialJobPlan, owner: JobOwner) -> None:
+        if owner.unix is None:
+            return super().write_run_dir(plan, owner)
+        self.write_files(plan.run_dir, plan.files(), owner, anchor=self.ensure_user_root(owner))
+        return None
+
+    def exists(self, path: str, owner: JobOwner | None = None) -> bool:
+        if owner is None or owner.unix is None:
+            return super().exists(path)
+        return bool(self.helper.call(owner.unix, "exists", anchor=self.user_root(owner), path=path)["exists"])
+
+    def read_json(
+        self, path: str, *, anchor: str | None = None, owner: JobOwner | None = None
+    ) -> dict[str, Any] | None:
+        if owner is None or owner.unix is None:
+            return super().read_json(path, anchor=anchor)
+        try:
+            value = self.helper.call(
+                owner.unix, "read_json", anchor=anchor or self.user_root(owner), path=path
+            )["value"]
+        except (OSError, ValueError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def make_tensorboard_dir(self, checkpoint_root: str, experiment_id: int, owner: JobOwner) -> None:
+        """The two shared directories the master's (as `RunFiles`), the experiment's made by its user."""
+        if owner.unix is None:
+            return super().make_tensorboard_dir(checkpoint_root, experiment_id, owner)
+        os.makedirs(checkpoint_root, exist_ok=True)
+        shared = ("tensorboard", "experiment")
+        userfiles.make_dirs(checkpoint_root, shared, mode=0o755, uid=os.geteuid(), keep=len(shared))
+        anchor = os.path.join(checkpoint_root, *shared)
+        self.helper.call(
+            owner.unix, "make_dirs", anchor=anchor, path=os.path.join(anchor, str(experiment_id))
+        )
+        return None
+
+
 @dataclass
 class AsUser:
     """What the master does in its users' names: one per master, shared by the trials' and the tasks' drivers
-    and the checkpoint collector."""
+    and the checkpoint collector. `acts_for_users`: jobs run as their owners' accounts (a shared master);
+    otherwise as the master's own (a personal one)."""
 
     files: RunFiles
     slurm: SlurmJobs
     checkpoints: CheckpointRemover | None = None
+    acts_for_users: bool = field(default_factory=lambda: os.geteuid() == 0)

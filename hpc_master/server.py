@@ -245,7 +245,8 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
 
 def make_lifecycle_loop(state: Any) -> Any:
     """The loop that drives searchers and Slurm jobs (Slurm's command-line tools must be on PATH)."""
-    from hpc_master.asuser import AsUser, RunFiles
+    from hpc_master.asuser import AsUser, HelperRunFiles, RunFiles
+    from hpc_master.helper_client import UserHelper, slurm_runner
     from hpc_master.lifecycle.job_host import PLATFORM_ROOT
     from hpc_master.lifecycle.jobs import JobDriver
     from hpc_master.lifecycle.loop import LifecycleLoop
@@ -257,13 +258,19 @@ def make_lifecycle_loop(state: Any) -> Any:
     from slurm_backend import Poller, SlurmCli
 
     config = state.config
-    cli = SlurmCli()
+    job_root = str(config.job_storage_root or get_job_storage_root())
+    # Everything done in a user's name, for trials and tasks alike (hpc_master.asuser): by the per-user helper
+    # as the user, where the master acts for its users.
+    helper = UserHelper([job_root, str(config.checkpoint_dir())]) if state.acts_for_users else None
+    cli = SlurmCli(user_runner=slurm_runner(helper) if helper else None)
     poller = Poller(cli, interval_s=config.poll_interval_s)
-    # Everything done in a user's name, for trials and tasks alike (hpc_master.asuser).
+    if helper is not None and state.checkpoint_remover.as_owner:
+        state.checkpoint_remover.helper = helper
     as_user = AsUser(
-        RunFiles(str(config.job_storage_root or get_job_storage_root())),
+        HelperRunFiles(job_root, helper) if helper else RunFiles(job_root),
         SlurmJobs(cli, poller),
         checkpoints=state.checkpoint_remover,
+        acts_for_users=state.acts_for_users,
     )
     jobs = JobDriver(state.sessions, config, cli, poller, cluster_id=state.cluster_id, as_user=as_user)
     storage = config.checkpoint_storage

@@ -15,6 +15,7 @@ or ``plan.json``.
 
 from __future__ import annotations
 
+import getpass
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -71,6 +72,20 @@ def checkpoint_root_of(config: ExperimentConfig, default_root: str) -> str:
     if isinstance(storage, DirectoryStorage):
         return storage.container_path
     return default_root
+
+
+USER_TEMPLATE = "{unix_user}"
+
+
+def user_job_root(job_storage_root: str, unix_user: str | None) -> str:
+    """Where a user's runs and tasks live below the job storage root: a per-user root names the account
+    (``/scratch/{unix_user}/hpc-det``); a shared root gets a directory per account (``<root>/<account>``,
+    made or checked by the user's own helper); a personal master (`unix_user` None) keeps the root itself."""
+    if unix_user is None:
+        return job_storage_root.replace(USER_TEMPLATE, getpass.getuser())
+    if USER_TEMPLATE in job_storage_root:
+        return job_storage_root.replace(USER_TEMPLATE, unix_user)
+    return posixpath.join(job_storage_root, unix_user)
 
 
 def run_dirs(job_storage_root: str, experiment_id: int, trial_id: int, trial_run_id: int) -> tuple[str, str]:

@@ -139,6 +139,8 @@ class CommandResult:
 
 
 Runner = Callable[[Sequence[str], str | None, float, dict[str, str]], CommandResult]
+UserRunner = Callable[[str, Sequence[str], str | None, float], CommandResult]
+"""Runs a command as another account (the master's per-user helper): (user, argv, stdin, timeout)."""
 
 
 def subprocess_runner(
@@ -168,12 +170,14 @@ class SlurmCli:
         self,
         *,
         runner: Runner = subprocess_runner,
+        user_runner: UserRunner | None = None,
         timeout_s: float = 30.0,
         retries: int = 3,
         backoff_s: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.runner = runner
+        self.user_runner = user_runner
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
@@ -203,20 +207,29 @@ class SlurmCli:
         stdin: str | None = None,
         ok_stderr: Iterable[str] = (),
         retry: bool = True,
+        as_user: str | None = None,
     ) -> CommandResult:
-        """Run `argv`; retry transient failures with exponential backoff; SlurmError with stderr otherwise.
+        """Run `argv` (as `as_user`: see `_as_user`); retry transient failures with exponential backoff;
+        SlurmError with stderr otherwise.
 
         A non-zero exit whose stderr contains one of `ok_stderr` is returned, not raised.
         """
         argv = list(argv)
         env = _command_env()
+        user = self._as_user(as_user)
+        if user is not None and self.user_runner is None:
+            argv = ["runuser", "-u", user, "--", *argv]
+            user = None
         cap = getattr(self.__dict__.get("_local"), "cap", None)
         retries = self.retries if cap is None else min(self.retries, cap)
         attempts = 1 + (retries if retry else 0)
         last = ""
         for attempt in range(attempts):
             try:
-                result = self.runner(argv, stdin, self.timeout_s, env)
+                if user is not None and self.user_runner is not None:
+                    result = self.user_runner(user, argv, stdin, self.timeout_s)
+                else:
+                    result = self.runner(argv, stdin, self.timeout_s, env)
             except subprocess.TimeoutExpired:
                 result = CommandResult(
                     124, "", f"Socket timed out: {argv[0]} ran longer than {self.timeout_s} s"
@@ -241,25 +254,40 @@ class SlurmCli:
             )
         raise SlurmError(message, command=argv, stderr=last)
 
+    def _as_user(self, as_user: str | None) -> str | None:
+        """The account to run a command as: None for the master's own. Another account's needs the per-user
+        helper (`user_runner`) or, without one, a root master (``runuser``)."""
+        if as_user is None or as_user == getpass.getuser():
+            return None
+        if self.user_runner is None and os.geteuid() != 0:
+            raise ConfigError(
+                f"the master runs as {getpass.getuser()!r} and cannot submit jobs as {as_user!r}; "
+                "run it as root or let each user run a personal master",
+                field="user",
+            )
+        return as_user
+
     # -- commands --------------------------------------------------------------------------------------------
 
     def submit(self, script_text: str, *, as_user: str | None = None) -> str:
         """Submit a job script (on stdin) and return its job id.
 
         `as_user`: the Unix account the job runs as. When it is not the master's own account the master must be
-        root and submits with `runuser -u USER -- sbatch`. A submission that failed ambiguously (the controller
+        root (``runuser -u USER -- sbatch``) or have the per-user helper (`user_runner`). A submission that failed ambiguously (the controller
         may have accepted it) is not retried blindly: the caller reconciles by comment (see `find_by_comment`).
 
         Raises `SlurmUnavailableError` (ask again later), `SubmitLimitError` (submit again as jobs end),
         `SubmitRefusedError` (never) or `SlurmError`.
         """
-        argv = [*_as_user_prefix(as_user), "sbatch", "--parsable"]
+        argv = ["sbatch", "--parsable"]
         try:
-            result = self.run(argv, stdin=script_text, retry=False)
+            result = self.run(argv, stdin=script_text, retry=False, as_user=as_user)
         except SlurmUnavailableError as e:
             if e.ambiguous:
                 raise
-            result = self.run(argv, stdin=script_text)  # never reached the controller: safe to retry
+            result = self.run(
+                argv, stdin=script_text, as_user=as_user
+            )  # never reached the controller: safe to retry
         except SlurmError as e:
             if ACCOUNTING_POLICY in e.stderr:
                 limit = classify_policy_refusal(e.stderr)
@@ -281,17 +309,18 @@ class SlurmCli:
             raise
         return parse.parse_sbatch_parsable(result.stdout)
 
-    def cancel(self, job_id: str, *, signal: str | None = None) -> None:
-        """scancel the job (SIGKILL after Slurm's KillWait), or only send `signal` to all its processes."""
+    def cancel(self, job_id: str, *, signal: str | None = None, as_user: str | None = None) -> None:
+        """scancel the job (SIGKILL after Slurm's KillWait), or only send `signal` to all its processes; as its
+        owner `as_user` when given."""
         argv = ["scancel", *([f"--signal={signal}", "--full"] if signal else []), _job_id(job_id)]
-        self.run(argv)
+        self.run(argv, as_user=as_user)
 
-    def set_nice(self, job_id: str, nice: int) -> None:
+    def set_nice(self, job_id: str, nice: int, *, as_user: str | None = None) -> None:
         """``scontrol update JobId=ID Nice=N``: re-order a pending job (N ≥ 0 needs no operator; its owner or
         root may set it)."""
         if not 0 <= nice <= NICE_MAX:
             raise ValueError(f"nice must be 0 to {NICE_MAX}, not {nice}")
-        self.run(["scontrol", "update", f"JobId={_job_id(job_id)}", f"Nice={nice}"])
+        self.run(["scontrol", "update", f"JobId={_job_id(job_id)}", f"Nice={nice}"], as_user=as_user)
 
     def signal(self, job_id: str, sig: str, *, batch_only: bool = True) -> None:
         """Send `sig` (e.g. "USR1") to the batch shell only (`--batch`) or to every process (`--full`)."""
@@ -372,15 +401,3 @@ def _command_env() -> dict[str, str]:
     env = {k: os.environ[k] for k in SAFE_ENV_KEYS if k in os.environ}
     env.setdefault("PATH", DEFAULT_PATH)
     return env
-
-
-def _as_user_prefix(as_user: str | None) -> list[str]:
-    if as_user is None or as_user == getpass.getuser():
-        return []
-    if os.geteuid() != 0:
-        raise ConfigError(
-            f"the master runs as {getpass.getuser()!r} and cannot submit jobs as {as_user!r}; "
-            "run it as root or let each user run a personal master",
-            field="user",
-        )
-    return ["runuser", "-u", as_user, "--"]

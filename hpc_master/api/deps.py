@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,6 +44,9 @@ class AppState:
     checkpointer: WalCheckpointer | None = field(init=False)
     fast_ingests: int = 0
     """Metric batches answered by the fast path (``fast_ingest.MetricsFastPath``), for tests and benchmarks."""
+    acts_for_users: bool = field(default_factory=lambda: os.geteuid() == 0)
+    """Whether jobs run as their owners' Unix accounts (a shared master: root, or its service account), each
+    user's files in their own directory below the job storage root; otherwise as the master's own."""
     checkpoint_remover: CheckpointRemover = field(default_factory=CheckpointRemover)
     """Deletes checkpoint files for the API (as each owner's Unix account when the master runs as root)."""
     streams: StreamSlots = field(init=False)

@@ -31,6 +31,7 @@ from hpc_master.tasks import service as svc
 from hpc_master.tasks.config import TaskType, parse_task_config
 from hpc_master.tasks.job import build_task_job, task_argv, task_run_dir
 from hpc_master.tasks.tensorboard import logdir_spec
+from hpc_master.trialjob import user_job_root
 
 router = APIRouter(prefix="/api/v1", tags=["tasks"])
 
@@ -100,18 +101,19 @@ def launch(state: State, principal: Any, body: LaunchTaskRequest, task_type: Tas
         if body.preview:
             return {"config": config.to_dict(), "warnings": [],
                     task_type.lower(): svc.preview_to_api(task_type, config, pool.name, principal.username)}  # fmt: skip
+        owner = session.get(UserModel, principal.user_id)
+        assert owner is not None
+        user_root = user_job_root(root, owner.unix_username if state.acts_for_users else None)
         task = svc.create_task(
             session,
             principal,
             task_type,
             config,
-            run_dir_of=lambda task_id: task_run_dir(root, task_id),
+            run_dir_of=lambda task_id: task_run_dir(user_root, task_id),
             resource_pool=pool.name,
             context_archive=archive,
             service_args=service_args,
         )
-        owner = session.get(UserModel, principal.user_id)
-        assert owner is not None
         answer = {"config": task.config, "warnings": []}
         answer[task_type.lower()] = svc.task_to_api(task, owner)
     notify.changed()

@@ -126,7 +126,7 @@ class JobDriver:
         self.cluster_id = cluster_id
         self._tensorboard_warned: set[str] = set()
         self.master_url = master_url_for_jobs(config)
-        self.running_as_root = os.geteuid() == 0
+        self.running_as_root = self.as_user.acts_for_users
         self.configs: DerivedConfigs[ExperimentConfig] = DerivedConfigs(parse_experiment_config)
         """Parsed configs by experiment: a grid of thousands of trials decodes its config once."""
         self.knobs = KnobCache()
@@ -262,7 +262,7 @@ class JobDriver:
 
     def _job_owner(self, sub: _Submission) -> JobOwner:
         """A root master runs each job as its owner's Unix account."""
-        return JobOwner.of(sub.owner_name, sub.owner_unix, running_as_root=self.running_as_root)
+        return JobOwner.of(sub.owner_name, sub.owner_unix, acts_for_users=self.running_as_root)
 
     def _config(self, sub: _Submission) -> ExperimentConfig:
         config = self.configs.peek(sub.config_key)
@@ -286,7 +286,8 @@ class JobDriver:
         try:
             owner = self._job_owner(sub)
             config = self._config(sub)
-            trial_dir, _ = run_dirs(self.job_storage_root, sub.experiment_id, sub.trial_id, sub.run_number)
+            user_root = self.files.ensure_user_root(owner)
+            trial_dir, _ = run_dirs(user_root, sub.experiment_id, sub.trial_id, sub.run_number)
             context_path = os.path.join(os.path.dirname(trial_dir), CONTEXT_FILE)  # one per experiment
             plan = build_trial_job(
                 config,
@@ -304,7 +305,7 @@ class JobDriver:
                     context_archive=context_path if sub.has_context else None,
                 ),
                 JobPaths(
-                    job_storage_root=self.job_storage_root,
+                    job_storage_root=user_root,
                     checkpoint_root=str(self.config.checkpoint_storage.host_path or get_checkpoint_root()),
                     platform_root=PLATFORM_ROOT,
                     python=self.python,
@@ -315,10 +316,8 @@ class JobDriver:
             )
             self.files.write_run_dir(plan, owner)
             master_root = str(self.config.checkpoint_dir())
-            if owner.uid is not None and checkpoint_root_of(config, master_root) == master_root:
-                self._make_tensorboard_dir(
-                    master_root, sub.experiment_id, owner.uid, owner.gid
-                )  # a root master, its storage
+            if owner.unix is not None and checkpoint_root_of(config, master_root) == master_root:
+                self._make_tensorboard_dir(master_root, sub.experiment_id, owner)  # a shared master's storage
             ensure_image_cache(plan.plan)
             if sub.has_context:
                 self._write_context_once(sub.experiment_id, Path(context_path), owner)
@@ -411,11 +410,11 @@ class JobDriver:
             with self._tx() as s:
                 write_pending_reason(s, run_id, reason)
 
-    def _make_tensorboard_dir(self, root: str, experiment_id: int, uid: int, gid: int | None) -> None:
+    def _make_tensorboard_dir(self, root: str, experiment_id: int, owner: JobOwner) -> None:
         """The experiment's TensorBoard directory, made by the master; where an older master let a user make
         ``tensorboard/experiment``, the trials make their own as they did then, and the admin is told once."""
         try:
-            self.files.make_tensorboard_dir(root, experiment_id, JobOwner(None, uid, gid))
+            self.files.make_tensorboard_dir(root, experiment_id, owner)
         except UnsafePathError as e:
             if root not in self._tensorboard_warned:
                 self._tensorboard_warned.add(root)
@@ -428,7 +427,7 @@ class JobDriver:
     def _write_context_once(self, experiment_id: int, path: Path, owner: JobOwner) -> None:
         """The experiment's context archive, written next to its trials' directories by its first submission
         (read from the database then only: it can be 95 MB, and a grid has thousands of trials)."""
-        if self.files.exists(str(path)):
+        if self.files.exists(str(path), owner):
             return
         with self._tx() as s:
             data = s.scalar(
@@ -436,6 +435,17 @@ class JobDriver:
             )
         if data is not None:
             self.files.write(str(path), data, owner)
+
+    def _exit_record(self, run: svc.LiveRun) -> dict[str, Any] | None:
+        """The run's ``exit.json``, read as its owner; a run submitted by a master before directories were
+        per user has it directly below the root."""
+        owner = JobOwner(run.owner_unix if self.running_as_root else None)
+        _, run_dir = run_dirs(self.files.user_root(owner), run.experiment_id, run.trial_id, run.run_number)
+        found = self.files.read_json(posixpath.join(run_dir, EXIT_FILE), owner=owner)
+        if found is None and owner.unix is not None:
+            _, old = run_dirs(self.job_storage_root, run.experiment_id, run.trial_id, run.run_number)
+            found = self.files.read_json(posixpath.join(old, EXIT_FILE))
+        return found
 
     # ---- stop -----------------------------------------------------------------------------------------
     def cancel_stopped(self) -> None:
@@ -484,18 +494,18 @@ class JobDriver:
                         write_pending_reason(s, run.run_id, reason)
             elif status.outcome is Outcome.UNSCHEDULABLE:
                 if self.slurm.cancel(job_id):
-                    self._finish(run.run_id, run.experiment_id, run.trial_id, run.run_number, status)
+                    self._finish(run, status)
                     ended += 1
             elif status.is_terminal:
-                self._finish(run.run_id, run.experiment_id, run.trial_id, run.run_number, status)
+                self._finish(run, status)
                 ended += 1
         if ended:
             self.slurm.jobs_ended()
         return ended
 
-    def _finish(self, run_id: int, exp_id: int, trial_id: int, run_number: int, status: JobStatus) -> None:
-        _, run_dir = run_dirs(self.job_storage_root, exp_id, trial_id, run_number)
-        exit_info = self.files.read_json(posixpath.join(run_dir, EXIT_FILE))
+    def _finish(self, run: svc.LiveRun, status: JobStatus) -> None:
+        run_id, trial_id, run_number = run.run_id, run.trial_id, run.run_number
+        exit_info = self._exit_record(run)
         with self._tx() as s:
             ended = record_run_end(s, run_id, status, exit_info, self.config.preemption.signal)
         if ended is None:

@@ -1,7 +1,8 @@
 """Deleting checkpoint files as an account allowed to: the checkpoint owner's, when the master runs as root.
 
-A root master never removes users' files with root's rights: it runs ``checkpoint_rmtree.py`` as the owner's
-Unix account, as it submits their jobs (``runuser -u USER --``, an argv list, never a shell string), so a
+A master that acts for its users never removes their files with its own rights: its per-user helper
+(``userhelper``) removes them as the owner's Unix account, as it submits their jobs (an argv list and JSON,
+never a shell string), so a
 storage root or a link that a user planted can only make the master remove what that user could remove
 anyway. A master that runs as one user (a personal master) removes in-process, as that user. Directories
 that do not exist are done without starting anything.
@@ -9,20 +10,15 @@ that do not exist are done without starting anything.
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
-import subprocess
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc_master.services import checkpoint_rmtree
-
-SCRIPT = Path(checkpoint_rmtree.__file__).resolve()
-DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+from hpc_master.helper_client import UserHelper
+from userhelper import rmtree
 
 
 @dataclass(frozen=True)
@@ -52,19 +48,19 @@ def _gone(path: Path) -> bool:
 
 
 class CheckpointRemover:
-    """`as_owner`: run the removal as each owner's Unix account (default: when the master runs as root)."""
+    """`as_owner`: remove as each owner's Unix account, through `helper` (default: when the master runs as
+    root; the master gives it its own helper)."""
 
     def __init__(
         self,
         *,
         as_owner: bool | None = None,
-        python: str | None = None,
+        helper: UserHelper | None = None,
         timeout_s: float = 900.0,
         batch_size: int = 256,
     ) -> None:
         self.as_owner = os.geteuid() == 0 if as_owner is None else as_owner
-        self.python = python or sys.executable
-        self.timeout_s = timeout_s
+        self.helper = helper or UserHelper([], timeout_s=timeout_s)  # rmtree needs no root of the helper's
         self.batch_size = batch_size
 
     def remove(self, owner: Owner, paths: Sequence[Path]) -> dict[Path, Removal]:
@@ -74,7 +70,7 @@ class CheckpointRemover:
             return out
         if not self.as_owner:
             for path in todo:
-                out[path] = _removal(checkpoint_rmtree.remove_dir(str(path)))
+                out[path] = _removal(rmtree.remove_dir(str(path)))
             return out
         account, refusal = owner_account(owner)
         if account is None:
@@ -84,45 +80,22 @@ class CheckpointRemover:
         return out
 
     def _run_as(self, account: str, paths: list[Path]) -> dict[Path, Removal]:
-        search = os.environ.get("PATH") or DEFAULT_PATH
-        for extra in ("/usr/sbin", "/sbin"):  # where runuser lives, missing from some services' PATH
-            if extra not in search.split(":"):
-                search += f":{extra}"
-        argv = ["runuser", "-u", account, "--", self.python, "-I", str(SCRIPT)]
-        env = {"PATH": search, "LANG": "C.UTF-8"}
-        failure: str | None = None
-        try:
-            proc = subprocess.run(
-                argv, input=json.dumps([str(p) for p in paths]), capture_output=True, text=True,
-                timeout=self.timeout_s, cwd="/", env=env, check=False,
-            )  # fmt: skip
-            stdout, finished = proc.stdout, proc.returncode == 0
-            if not finished:
-                failure = (
-                    f"removing as {account} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}"
-                )
-        except subprocess.TimeoutExpired as exc:
-            raw = exc.stdout or ""
-            stdout, finished = raw.decode() if isinstance(raw, bytes) else raw, False
-            failure = f"removing as {account} took longer than {self.timeout_s:.0f} s"
-        except OSError as exc:
-            return {p: Removal(ok=False, error=f"cannot run runuser: {exc.strerror}") for p in paths}
-        done: dict[str, Removal] = {}
-        for line in stdout.splitlines():
-            try:
-                item: Any = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(item, dict) and isinstance(item.get("path"), str):
-                done[item["path"]] = _removal(item)
+        """One helper process for the batch; a path whose removal was under way when it failed may be
+        partly gone (``touched``), the ones after it were not started."""
         out: dict[Path, Removal] = {}
-        started = False  # the first path with no answer was the one in progress when the run ended
-        for path in paths:
-            if str(path) in done:
-                out[path] = done[str(path)]
-                continue
-            out[path] = Removal(ok=False, error=failure or "no answer", touched=not finished and not started)
-            started = True
+        try:
+            with self.helper.session(account) as helper:
+                for i, path in enumerate(paths):
+                    try:
+                        out[path] = _removal(helper.call("rmtree", path=str(path))["removal"])
+                    except OSError as e:
+                        out[path] = Removal(ok=False, error=f"removing as {account} failed: {e.strerror}",
+                                            touched=True)  # fmt: skip
+                        for rest in paths[i + 1 :]:
+                            out[rest] = Removal(ok=False, error=f"removing as {account} failed: {e.strerror}")
+                        break
+        except OSError as e:  # the helper could not be started
+            return {p: Removal(ok=False, error=f"cannot remove as {account}: {e.strerror}") for p in paths}
         return out
 
 

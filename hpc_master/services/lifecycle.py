@@ -25,6 +25,7 @@ from hpc_master.db.models import (
     SearcherOpCompletionModel,
     TrialModel,
     TrialRunModel,
+    UserModel,
     utcnow,
 )
 from hpc_master.services import notify
@@ -430,6 +431,8 @@ class LiveRun:
     trial_state: TrialState
     preempt_requested: bool
     version: int
+    owner_unix: str | None = None
+    """The experiment's owner's Unix account (the run's files are theirs)."""
 
 
 def list_active_experiments(session: Session) -> list[ExperimentModel]:
@@ -534,8 +537,10 @@ def list_live_runs(session: Session) -> list[LiveRun]:
     A run with ``slurm_job_id`` None was allocated but the master stopped before ``sbatch`` answered.
     """
     rows = session.execute(
-        select(TrialRunModel, TrialModel.experiment_id, TrialModel.state)
+        select(TrialRunModel, TrialModel.experiment_id, TrialModel.state, UserModel.unix_username)
         .join(TrialModel, TrialModel.id == TrialRunModel.trial_id)
+        .join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
+        .outerjoin(UserModel, UserModel.id == ExperimentModel.owner_id)
         .where(TrialRunModel.state.in_(LIVE_RUN_STATES))
         .order_by(TrialRunModel.id)
     ).all()
@@ -550,8 +555,9 @@ def list_live_runs(session: Session) -> list[LiveRun]:
             trial_state=TrialState(trial_state),
             preempt_requested=run.preempt_requested,
             version=run.version,
+            owner_unix=unix,
         )
-        for run, exp_id, trial_state in rows
+        for run, exp_id, trial_state, unix in rows
     ]
 
 

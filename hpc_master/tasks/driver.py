@@ -82,7 +82,7 @@ class TaskDriver:
         self.python = python
         self.master_url = master_url
         self.cluster_id = cluster_id
-        self.running_as_root = os.geteuid() == 0
+        self.running_as_root = self.as_user.acts_for_users
 
     @contextmanager
     def _tx(self) -> Iterator[Session]:
@@ -179,7 +179,7 @@ class TaskDriver:
         return 1
 
     def _prepare(self, task_id: str, owner_name: str, unix_user: str | None) -> TaskJobPlan:
-        owner = JobOwner.of(owner_name, unix_user, running_as_root=self.running_as_root)
+        owner = JobOwner.of(owner_name, unix_user, acts_for_users=self.running_as_root)
         with self._tx() as s:
             task = s.get(TaskModel, task_id)
             assert task is not None
@@ -200,7 +200,7 @@ class TaskDriver:
             pool,
             task_id=task_id,
             argv=task_argv(config, task_type, python, service_args),
-            paths=self._paths(),
+            paths=self._paths(self.files.user_root(owner)),
             master_url=self.master_url,
             cluster_id=self.cluster_id,
             has_context=archive is not None,
@@ -217,9 +217,9 @@ class TaskDriver:
             task.service_token = token
         return plan
 
-    def _paths(self) -> JobPaths:
+    def _paths(self, user_root: str) -> JobPaths:
         return JobPaths(
-            job_storage_root=self.job_storage_root,
+            job_storage_root=user_root,
             checkpoint_root="",
             platform_root=self.platform_root,
             python=self.python,
@@ -414,12 +414,17 @@ def write_task_dir(
     *,
     service_token: str | None = None,
 ) -> None:
-    """``<root>/tasks`` (the master's: others may pass through, not list it), then the task's own directory,
-    owned by the user the job runs as, with the plan's files and the context archive."""
+    """``tasks`` in the user's directory (``trialjob.user_job_root``; a personal master's own, which others
+    may pass through, not list), then the task's own directory, owned by the user the job runs as, with the
+    plan's files and the context archive."""
+    user_root = files.ensure_user_root(owner)
     parent = os.path.dirname(plan.run_dir)
-    if os.path.basename(parent) != TASKS_DIR or os.path.dirname(parent) != files.root.rstrip("/"):
+    if os.path.basename(parent) != TASKS_DIR or os.path.dirname(parent) != user_root.rstrip("/"):
         raise ClientError(f"unexpected task directory {plan.run_dir}")
-    files.make_masters_dir(TASKS_DIR, mode=0o711)  # the master's, never chowned
+    if owner.unix is None:
+        files.make_masters_dir(TASKS_DIR, mode=0o711)  # the master's, never chowned
+    else:
+        files.make_dir(parent, owner, anchor=user_root)
     files.write_files(plan.run_dir, plan.files(service_token), owner, anchor=parent)
     if archive is not None and plan.context_path is not None:
         files.write(plan.context_path, archive, owner, anchor=parent)

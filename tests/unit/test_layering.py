@@ -14,6 +14,8 @@
   ``launchers`` and nothing imports it.
 - ``userfiles`` (files in directories users control, opened without following their links) is used by the master
   and, run as the user, by its per-user helper: standard library only.
+- ``userhelper`` (the per-user helper: what the master does in a user's name, run as that user) uses
+  ``userfiles`` only; the master imports it for its path and its checkpoint removal.
 - ``local_cluster`` (``det deploy local``: packages, munge, namespaces) may use ``slurm_backend`` but not the master.
 - ``hpc_master`` (service and CLI) sits on top: it may import every room except ``launchers`` and the
   ``determined`` facade (the job script names them as commands, it never imports them).
@@ -40,6 +42,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "slurm_backend": frozenset({"det_errors"}),
     "containers": frozenset({"det_errors"}),
     "userfiles": frozenset(),
+    "userhelper": frozenset({"userfiles"}),
     "harness": frozenset({"containers"}),
     "launchers": frozenset({"harness"}),
     "determined_compat": frozenset({"harness", "launchers"}),
@@ -53,6 +56,7 @@ ALLOWED: dict[str, frozenset[str]] = {
             "harness",
             "local_cluster",
             "userfiles",
+            "userhelper",
             "webui",
         }
     ),

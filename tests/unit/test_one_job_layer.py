@@ -23,7 +23,7 @@ SLURM_COMMANDS = {"sbatch", "scancel", "salloc", "squeue", "sacct", "scontrol"}
 JOB_SIDE = {"harness", "launchers", "determined_compat"}
 """Code that runs inside a user's job, as the user (``scontrol show hostnames``, ``srun`` for ranks)."""
 SEAM = "hpc_master/asuser.py"
-SEAM_IMPLEMENTATION = {SEAM, "hpc_master/trialjob_files.py"}
+SEAM_IMPLEMENTATION = {SEAM, "hpc_master/trialjob_files.py", "hpc_master/helper_client.py"}
 
 
 def _modules() -> Iterator[tuple[str, ast.Module]]:

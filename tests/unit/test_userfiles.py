@@ -180,7 +180,7 @@ def test_as_root_a_users_tensorboard_parent_is_warned_about_once_and_submissions
         pytest.skip("needs root")
     from types import SimpleNamespace
 
-    from hpc_master.asuser import RunFiles
+    from hpc_master.asuser import JobOwner, RunFiles
     from hpc_master.lifecycle.jobs import JobDriver
 
     root = tmp_path / "checkpoints"
@@ -188,7 +188,8 @@ def test_as_root_a_users_tensorboard_parent_is_warned_about_once_and_submissions
     os.chown(root / "tensorboard", 4242, 4242)
     driver = SimpleNamespace(_tensorboard_warned=set(), files=RunFiles(str(tmp_path / "jobs")))
     for exp in (1, 2):
-        JobDriver._make_tensorboard_dir(driver, str(root), exp, 65534, 65534)  # type: ignore[arg-type]
+        owner = JobOwner(None, 65534, 65534)
+        JobDriver._make_tensorboard_dir(driver, str(root), exp, owner)  # type: ignore[arg-type]
     warned = [r for r in caplog.records if "are not the master's" in r.getMessage()]
     assert len(warned) == 1 and f"chown {root}/tensorboard" in warned[0].getMessage()
     assert not (root / "tensorboard" / "experiment" / "1").exists()

@@ -1,12 +1,7 @@
-"""Remove checkpoint directories without following links. Standard library only: a root master runs this file
-as a script under the checkpoint owner's account (``runuser -u USER -- python -I checkpoint_rmtree.py``), so
-the files go with that account's rights, never root's; a master that runs as its only user calls
-``remove_dir`` in-process.
+"""Remove a checkpoint directory without following links (the helper's ``rmtree``; a master that runs as its
+only user calls `remove_dir` in-process).
 
-Protocol (script): a JSON list of absolute paths on stdin; one JSON object per path on stdout, in order, as
-each is done (``{"path", "ok", "error", "touched"}``), so a killed run still says how far it got.
-
-Each path must end in a canonical checkpoint uuid (the master builds it from the database's record: the
+The path must end in a canonical checkpoint uuid (the master builds it from the database's record: the
 experiment's storage root and the checkpoint's uuid). A link in place of a checkpoint is removed itself, and
 ``shutil.rmtree`` removes directories through file descriptors, never descending into a link (it refuses a
 directory swapped for a link while it works).
@@ -14,7 +9,6 @@ directory swapped for a link while it works).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -73,21 +67,3 @@ def remove_dir(path: str) -> dict[str, Any]:
         return out
     out["ok"] = True
     return out
-
-
-def main() -> int:
-    try:
-        paths = json.load(sys.stdin)
-    except ValueError as exc:
-        print(f"checkpoint_rmtree: expected a JSON list of paths on stdin: {exc}", file=sys.stderr)
-        return 2
-    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-        print("checkpoint_rmtree: expected a JSON list of paths on stdin", file=sys.stderr)
-        return 2
-    for path in paths:
-        print(json.dumps(remove_dir(path)), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
