@@ -234,16 +234,13 @@ class HelperRunFiles(RunFiles):
         return value if isinstance(value, dict) else None
 
     def make_tensorboard_dir(self, checkpoint_root: str, experiment_id: int, owner: JobOwner) -> None:
-        """The two shared directories the master's (as `RunFiles`), the experiment's made by its user."""
-        if owner.unix is None:
+        """A root master makes it as `RunFiles` does (in its own ``tensorboard/experiment``, chowned through
+        the descriptor it opened); a service account asks the user's helper, which needs that directory to
+        admit the user (where it does not, the trials make their own, as `JobDriver` says)."""
+        if owner.unix is None or (os.geteuid() == 0 and owner.uid is not None):
             return super().make_tensorboard_dir(checkpoint_root, experiment_id, owner)
-        os.makedirs(checkpoint_root, exist_ok=True)
-        shared = ("tensorboard", "experiment")
-        userfiles.make_dirs(checkpoint_root, shared, mode=0o755, uid=os.geteuid(), keep=len(shared))
-        anchor = os.path.join(checkpoint_root, *shared)
-        self.helper.call(
-            owner.unix, "make_dirs", anchor=anchor, path=os.path.join(anchor, str(experiment_id))
-        )
+        anchor = os.path.join(checkpoint_root, "tensorboard", "experiment")
+        self.helper.call(owner.unix, "make_dirs", anchor=anchor, path=os.path.join(anchor, str(experiment_id)))
         return None
 
 

@@ -312,7 +312,8 @@ def test_the_admin_guide_runs_from_scratch_to_two_researchers_experiments(
         assert proc.returncode == 0, f"{output[-6000:]}\n--- the master's journal:\n{log}"
         print(f"{output}\ndocs/admin.md ran in {time.monotonic() - started:.0f} s")
         # Each researcher's trial ran as their own account: the run directory is theirs and not the other's.
-        alice_dir, bob_dir = sorted((root / "shared" / "jobs").glob("exp-*"), key=lambda p: int(p.name[4:]))
+        alice_dir, bob_dir = sorted((root / "shared" / "jobs").glob("*/exp-*"), key=lambda p: int(p.name[4:]))
+        assert (alice_dir.parent.name, bob_dir.parent.name) == (researcher.pw_name, bob.pw_name)
         for exp_dir, account in ((alice_dir, researcher), (bob_dir, bob)):
             assert exp_dir.stat().st_uid == account.pw_uid
             logs = list(exp_dir.glob("trial-*/run-*/output.log"))

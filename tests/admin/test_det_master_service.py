@@ -90,7 +90,9 @@ def start_experiment(m: MasterProcess, jobs_root: Path) -> tuple[int, int, str]:
         assert r.status_code == 200, r.text
         exp_id = r.json()["experiment"]["id"]
     deadline = time.monotonic() + 60
-    while not (tokens := list(jobs_root.glob(f"exp-{exp_id}/trial-*/run-*/session_token"))):
+    # below the researcher's own directory (a master that acts for users), or the root (a personal one)
+    pattern = f"exp-{exp_id}/trial-*/run-*/session_token"
+    while not (tokens := [*jobs_root.glob(pattern), *jobs_root.glob(f"*/{pattern}")]):
         assert time.monotonic() < deadline, f"no job was submitted\n{m.log()}"
         time.sleep(0.2)
     (token_file,) = tokens

@@ -151,8 +151,8 @@ def test_a_root_master_in_the_units_sandbox_runs_a_researchers_trial_and_gc(sand
         assert m.stop(signal.SIGTERM) == 0, m.log()
     finally:
         m.close()
-    (exp_dir,) = (sandbox_dir / "jobs").glob("exp-*")
-    assert exp_dir.stat().st_uid == researcher.pw_uid  # chowned to its owner by the sandboxed root
+    (exp_dir,) = (sandbox_dir / "jobs" / researcher.pw_name).glob("exp-*")
+    assert exp_dir.stat().st_uid == researcher.pw_uid  # made by its owner's helper
     rows = state("SELECT uuid, state FROM checkpoints")
     deleted = [u for u, s in rows if s == "DELETED"]
     kept = [u for u, s in rows if s == "COMPLETED"]

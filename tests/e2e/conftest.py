@@ -82,6 +82,11 @@ poll_interval_s: 1
         )
         self.log = root / "master.log"
 
+    @property
+    def user_jobs(self) -> Path:
+        """The researcher's directory below the job storage root, where their runs and tasks are."""
+        return self.root / "jobs" / self.researcher.name
+
     def start(self) -> None:
         self._forget_connections()
         env = dict(
@@ -239,7 +244,7 @@ poll_interval_s: 1
         )
 
     def diagnose(self, exp_id: int) -> str:
-        logs = sorted((self.root / "jobs" / f"exp-{exp_id}").glob("trial-*/run-*/output.log"))
+        logs = sorted((self.user_jobs / f"exp-{exp_id}").glob("trial-*/run-*/output.log"))
         parts = [f"--- master.log ---\n{self.log.read_text()[-4000:]}"]
         parts += [f"--- {p} ---\n{p.read_text()[-1500:]}" for p in logs[-4:]]
         return "\n".join(parts)

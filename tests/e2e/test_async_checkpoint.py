@@ -49,7 +49,7 @@ def _wait_trial(master: Master, headers: dict[str, str], exp: int, pred: Any, wh
 
 def _logs(master: Master, exp: int, trial_id: int) -> list[str]:
     runs = sorted(
-        (master.root / "jobs" / f"exp-{exp}" / f"trial-{trial_id}").glob("run-*/output.log"),
+        (master.user_jobs / f"exp-{exp}" / f"trial-{trial_id}").glob("run-*/output.log"),
         key=lambda p: int(p.parent.name.split("-")[1]),
     )
     return [p.read_text() for p in runs]

@@ -166,7 +166,7 @@ def test_a_paused_trial_keeps_only_its_latest_checkpoint_and_resumes_from_it(
 
     master.api("POST", f"/experiments/{exp}/activate", alice)
     assert master.wait_state(alice, exp, DONE, 120) == "STATE_COMPLETED", master.diagnose(exp)
-    logs = sorted((master.root / "jobs" / f"exp-{exp}" / f"trial-{trial['id']}").glob("run-*/output.log"))
+    logs = sorted((master.user_jobs / f"exp-{exp}" / f"trial-{trial['id']}").glob("run-*/output.log"))
     assert len(logs) == 2 and f"resumed from {latest}" in logs[1].read_text()
     rows = settled(master, alice, exp, kept=0)  # ended: nothing is kept under this policy
     print(f"resumed and completed: {len(rows)} written in all, 0 left on disk")

@@ -85,7 +85,7 @@ max_restarts: 0
 
 
 def _seen(master: Master, exp: int, trial_id: int) -> dict[int, dict[str, Any]]:
-    logs = sorted((master.root / "jobs" / f"exp-{exp}" / f"trial-{trial_id}").glob("run-*/output.log"))
+    logs = sorted((master.user_jobs / f"exp-{exp}" / f"trial-{trial_id}").glob("run-*/output.log"))
     rows: dict[int, dict[str, Any]] = {}
     for line in logs[-1].read_text().splitlines():
         m = re.match(r"^(?:\[rank=\d+\] )?SEEN (.*)$", line)

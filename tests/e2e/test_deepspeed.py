@@ -133,7 +133,7 @@ def test_a_failing_deepspeed_rank_fails_the_trial_with_its_exit_code(
     m = re.search(r"^\[rank=3\] FAILING rank=3 at=([\d.]+)$", log, re.M)
     assert m, log[-4000:]
     assert ended - float(m.group(1)) < 60, f"the trial took {ended - float(m.group(1)):.0f} s to stop\n{log}"
-    run_dir = master.root / "jobs" / f"exp-{exp}" / f"trial-{trial['id']}" / "run-1"
+    run_dir = master.user_jobs / f"exp-{exp}" / f"trial-{trial['id']}" / "run-1"
     assert json.loads((run_dir / "exit.json").read_text())["exitCode"] == 3
     _wait_no_jobs(master, exp)
 

@@ -38,7 +38,7 @@ def _steps(master: Master, headers: dict[str, str], trial_id: int, group: str = 
 
 def _run_logs(master: Master, exp: int, trial_id: int) -> list[str]:
     runs = sorted(
-        (master.root / "jobs" / f"exp-{exp}" / f"trial-{trial_id}").glob("run-*/output.log"),
+        (master.user_jobs / f"exp-{exp}" / f"trial-{trial_id}").glob("run-*/output.log"),
         key=lambda p: int(p.parent.name.split("-")[1]),
     )
     return [p.read_text() for p in runs]
@@ -303,7 +303,7 @@ def test_pytorch_trial_on_four_slots_survives_slurm_preemption_signals(
     # SIGKILL for every task.
     subprocess.run(["scancel", "--signal=TERM", job[0]], check=True)
     signalled = time.monotonic()
-    exit_file = master.root / "jobs" / f"exp-{exp}" / f"trial-{trial_id}" / "run-1" / "exit.json"
+    exit_file = master.user_jobs / f"exp-{exp}" / f"trial-{trial_id}" / "run-1" / "exit.json"
     while not exit_file.exists():  # it must checkpoint and stop before the partition's GraceTime (10 s) ends
         assert time.monotonic() - signalled < 10, f"still running after 10 s\n{master.diagnose(exp)}"
         time.sleep(0.2)

@@ -75,7 +75,7 @@ def _checkpoint_dir(master: Master, trial: dict[str, Any]) -> Path:
 
 def _output(master: Master, exp: int, trial_id: int, timeout_s: float = 30) -> str:
     """The last run's output.log once its job has ended (exit.json written): every rank's lines."""
-    trial_dir = master.root / "jobs" / f"exp-{exp}" / f"trial-{trial_id}"
+    trial_dir = master.user_jobs / f"exp-{exp}" / f"trial-{trial_id}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         runs = sorted(trial_dir.glob("run-*"), key=lambda p: int(p.name.split("-")[1]))

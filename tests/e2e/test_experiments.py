@@ -83,7 +83,7 @@ def test_const_experiment_runs_as_the_researcher_and_completes(master: Master, a
     recorded = wait_for(lambda: _sacct_uids(jobs), 60, "slurmdbd to record the job as run by a non-root uid")
     assert {recorded[j][1] for j in jobs} == {master.researcher.uid}, recorded
     # What the job itself wrote is owned by the researcher too (ground truth, not an accounting record).
-    (run_dir,) = (master.root / "jobs" / f"exp-{exp}").glob("trial-*/run-*")
+    (run_dir,) = (master.user_jobs / f"exp-{exp}").glob("trial-*/run-*")
     assert (run_dir / "exit.json").stat().st_uid == master.researcher.uid
 
 
@@ -103,7 +103,7 @@ def test_async_halving_pauses_and_resumes_trials_and_picks_the_best(
     exp_row = master.experiment(alice, exp)
     assert exp_row["progress"] == 1.0
     # One context archive for the experiment, written as the researcher, unpacked into each trial's work/.
-    exp_dir = master.root / "jobs" / f"exp-{exp}"
+    exp_dir = master.user_jobs / f"exp-{exp}"
     assert [p.name for p in exp_dir.glob("*.tar.gz")] == ["context.tar.gz"]
     assert (exp_dir / "context.tar.gz").stat().st_uid == master.researcher.uid
     assert not list(exp_dir.glob("trial-*/*.tar.gz"))
@@ -134,7 +134,7 @@ def _wait_trial(master: Master, headers: dict[str, str], exp: int, pred, what: s
 def _runs_of(master: Master, exp: int, trial_id: int) -> list[str]:
     return [
         p.read_text()
-        for p in sorted((master.root / "jobs" / f"exp-{exp}" / f"trial-{trial_id}").glob("run-*/output.log"))
+        for p in sorted((master.user_jobs / f"exp-{exp}" / f"trial-{trial_id}").glob("run-*/output.log"))
     ]
 
 
@@ -194,7 +194,7 @@ def test_master_killed_mid_experiment_loses_nothing_and_runs_nothing_twice(own_m
     config = ASHA.replace("name: e2e-asha", "name: e2e-restart").replace("sleep_s: 0.02", "sleep_s: 0.1")
     exp = master.create_experiment(alice, config)
     _wait_trial(master, alice, exp, lambda t: t["stepsCompleted"] >= 3, "training to start")
-    logs = sorted((master.root / "jobs" / f"exp-{exp}").glob("trial-*/run-*/output.log"))
+    logs = sorted((master.user_jobs / f"exp-{exp}").glob("trial-*/run-*/output.log"))
     sizes = {p: p.stat().st_size for p in logs}
     master.kill9()
     # The jobs go on while the master is down: their logs grow.

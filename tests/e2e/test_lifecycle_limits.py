@@ -30,7 +30,7 @@ def _training_steps(master: Master, headers: dict[str, str], trial_id: int) -> l
 
 
 def _exits(master: Master, exp: int, trial_id: int) -> list[dict[str, object]]:
-    runs = sorted((master.root / "jobs" / f"exp-{exp}" / f"trial-{trial_id}").glob("run-*/exit.json"))
+    runs = sorted((master.user_jobs / f"exp-{exp}" / f"trial-{trial_id}").glob("run-*/exit.json"))
     return [json.loads(p.read_text()) for p in runs]
 
 
@@ -94,7 +94,7 @@ max_restarts: 1
         wait_for(lambda: _node_healthy(node), 120, f"{node} to come back")
     (trial,) = master.trials(alice, exp)
     assert trial["restarts"] == 1
-    logs = sorted((master.root / "jobs" / f"exp-{exp}" / f"trial-{trial_id}").glob("run-*/output.log"))
+    logs = sorted((master.user_jobs / f"exp-{exp}" / f"trial-{trial_id}").glob("run-*/output.log"))
     assert len(logs) == 2 and "resumed from" in logs[1].read_text()
     assert _training_steps(master, alice, trial_id) == list(range(1, 61))  # rolled back, then redone once
 

@@ -91,7 +91,7 @@ def _rows(master: Master, sql: str, *args: Any) -> list[tuple[Any, ...]]:
 
 
 def _output(master: Master, exp: int, trial_id: int, run: int) -> str:
-    path = master.root / "jobs" / f"exp-{exp}" / f"trial-{trial_id}" / f"run-{run}" / "output.log"
+    path = master.user_jobs / f"exp-{exp}" / f"trial-{trial_id}" / f"run-{run}" / "output.log"
     return path.read_text() if path.exists() else ""
 
 

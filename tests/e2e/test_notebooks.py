@@ -90,7 +90,7 @@ def test_a_notebook_on_a_compute_node_through_the_proxy(
     assert who["data"]["text/plain"] == f"({master.researcher.uid}, '{nb['nodeList']}')"
 
     # Timing, direct vs proxied, for the same small request (the server's token read as root, as the master does).
-    run_dir = Path(master.root) / "jobs" / "tasks" / task_id
+    run_dir = master.user_jobs / "tasks" / task_id
     token = (run_dir / "service_token").read_text().strip()
     direct = f"http://{json.loads((run_dir / 'service.json').read_text())['host']}:" \
              f"{json.loads((run_dir / 'service.json').read_text())['port']}/proxy/{task_id}/api/status"  # fmt: skip

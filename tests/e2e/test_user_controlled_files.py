@@ -57,7 +57,7 @@ def running(
 
 
 def run_dir(master: Master, task_id: str) -> Path:
-    return master.root / "jobs" / "tasks" / task_id
+    return master.user_jobs / "tasks" / task_id
 
 
 def test_a_log_replaced_by_a_link_shows_nothing_of_its_target(
