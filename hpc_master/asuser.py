@@ -19,13 +19,13 @@ from reaching ``userfiles`` or the run-directory writers around it.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import userfiles
 from hpc_master import trialjob_files as _files
-from hpc_master.helper_client import UserHelper, encode
+from hpc_master.helper_client import HelperPool, UserHelper, decode, encode
 from hpc_master.lifecycle.job_host import job_account
 from hpc_master.lifecycle.slurm_jobs import SlurmJobs
 from hpc_master.services.checkpoint_remover import CheckpointRemover
@@ -145,9 +145,11 @@ class HelperRunFiles(RunFiles):
     """The run files of a master that acts for its users: what belongs to a user (an owner with a Unix
     account) is made, written and read by the per-user helper as that user; the master's own as before."""
 
-    def __init__(self, root: str, helper: UserHelper) -> None:
+    def __init__(self, root: str, helper: UserHelper, pool: HelperPool | None = None) -> None:
         super().__init__(root)
         self.helper = helper
+        self.pool = pool
+        """Long-lived helpers for the reads that repeat (a task's ``service.json`` while it starts)."""
         self._ready: set[str] = set()
         """Accounts whose directory was made or checked since the master started."""
 
@@ -226,9 +228,8 @@ class HelperRunFiles(RunFiles):
         if owner is None or owner.unix is None:
             return super().read_json(path, anchor=anchor)
         try:
-            value = self.helper.call(
-                owner.unix, "read_json", anchor=anchor or self.user_root(owner), path=path
-            )["value"]
+            call = self.pool.call if self.pool is not None else self.helper.call
+            value = call(owner.unix, "read_json", anchor=anchor or self.user_root(owner), path=path)["value"]
         except (OSError, ValueError):
             return None
         return value if isinstance(value, dict) else None
@@ -240,7 +241,9 @@ class HelperRunFiles(RunFiles):
         if owner.unix is None or (os.geteuid() == 0 and owner.uid is not None):
             return super().make_tensorboard_dir(checkpoint_root, experiment_id, owner)
         anchor = os.path.join(checkpoint_root, "tensorboard", "experiment")
-        self.helper.call(owner.unix, "make_dirs", anchor=anchor, path=os.path.join(anchor, str(experiment_id)))
+        self.helper.call(
+            owner.unix, "make_dirs", anchor=anchor, path=os.path.join(anchor, str(experiment_id))
+        )
         return None
 
 
@@ -254,3 +257,22 @@ class AsUser:
     slurm: SlurmJobs
     checkpoints: CheckpointRemover | None = None
     acts_for_users: bool = field(default_factory=lambda: os.geteuid() == 0)
+
+
+def helper_log_reader(pool: HelperPool, job_root: str) -> Callable[[Any, int, int], tuple[bytes, float]]:
+    """A service-account master's log reader (``services.logs.LogReader``): each file read by its owner's
+    long-lived helper (`HelperPool`), beneath the owner's directory (or the root, for a run from before
+    directories were per user)."""
+
+    def read(source: Any, offset: int, max_bytes: int) -> tuple[bytes, float]:
+        if source.owner_unix is None:
+            data, status = RunFiles.read_bytes(source.anchor, source.path, offset=offset, max_bytes=max_bytes)
+            return data, status.st_mtime
+        anchor = user_job_root(job_root, source.owner_unix)
+        if not str(source.path).startswith(anchor.rstrip("/") + "/"):
+            anchor = job_root
+        answer = pool.call(source.owner_unix, "read", anchor=anchor, path=str(source.path), offset=offset,
+                           max_bytes=max_bytes)  # fmt: skip
+        return decode(str(answer["data"])), float(answer["mtime"])
+
+    return read

@@ -18,6 +18,7 @@ import os
 import selectors
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -50,8 +51,8 @@ _KINDS: dict[str, type[OSError]] = {
 
 
 def helper_command(roots: Sequence[str], python: str = sys.executable) -> list[str]:
-    """The helper's command line for these roots: what a sudoers rule names, exactly."""
-    return [python, "-I", SCRIPT, *[a for r in roots for a in ("--root", r)]]
+    """The helper's command line for these roots (each once, in order): what a sudoers rule names, exactly."""
+    return [python, "-I", SCRIPT, *[a for r in dict.fromkeys(roots) for a in ("--root", r)]]
 
 
 class UserHelper:
@@ -68,7 +69,7 @@ class UserHelper:
     ) -> None:
         if via not in VIA:
             raise ValueError(f"via: one of {VIA}")
-        self.roots = list(dict.fromkeys(roots))
+        self.roots = list(roots)
         self.via = via
         self.command = helper_command(self.roots, python)
         self.timeout_s = timeout_s
@@ -109,6 +110,8 @@ class HelperSession:
         except OSError as e:
             raise HelperError(e.errno or errno.EIO, f"cannot run the helper as {user}: {e.strerror}") from e
         self._buffer = b""
+        self.answered = False
+        """Whether the helper answered a request (a refusal comes from a helper that works)."""
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         """The helper's answer to one request; its error as the exception it names."""
@@ -120,6 +123,7 @@ class HelperSession:
             raise self._died(op) from None
         line = self._read_line(op)
         answer = json.loads(line)
+        self.answered = True
         if answer.get("ok"):
             return dict(answer)
         kind, message = str(answer.get("kind")), str(answer.get("error"))
@@ -171,6 +175,56 @@ class HelperSession:
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream:
                 stream.close()
+
+
+class HelperPool:
+    """Long-lived helpers, one per user, shared by every reader of that user's files (log followers): a poll
+    is one request line to a helper that is already running, not a process. A user's helper serves one
+    request at a time; one idle for `idle_s` is ended at the next call."""
+
+    def __init__(self, helper: UserHelper, *, idle_s: float = 60.0) -> None:
+        self.helper = helper
+        self.idle_s = idle_s
+        self._lock = threading.Lock()
+        self._users: dict[str, tuple[threading.Lock, list[Any]]] = {}
+        """user → (its lock, [session or None, last use])."""
+        self.started = 0
+        """Helper processes started (for tests and benchmarks)."""
+
+    def call(self, user: str, op: str, **fields: Any) -> dict[str, Any]:
+        with self._lock:
+            lock, slot = self._users.setdefault(user, (threading.Lock(), [None, 0.0]))
+            self._end_idle(time.monotonic())
+        with lock:
+            for attempt in (1, 2):
+                if slot[0] is None:
+                    slot[0] = HelperSession(self.helper.argv(user), user, self.helper.timeout_s)
+                    self.started += 1
+                slot[1] = time.monotonic()
+                session: HelperSession = slot[0]
+                try:
+                    return session.call(op, **fields)
+                except HelperError:
+                    if session.proc.poll() is None and attempt == 1 and session.answered:
+                        raise  # a refusal: the helper is fine
+                    session.close()
+                    slot[0] = None
+                    if attempt == 2:
+                        raise
+        raise AssertionError("unreachable")
+
+    def _end_idle(self, now: float) -> None:
+        for lock, slot in self._users.values():
+            if slot[0] is not None and now - slot[1] > self.idle_s and lock.acquire(blocking=False):
+                try:
+                    slot[0].close()
+                    slot[0] = None
+                finally:
+                    lock.release()
+
+    def close(self) -> None:
+        with self._lock:
+            self._end_idle(float("inf"))
 
 
 def slurm_runner(helper: UserHelper) -> UserRunner:

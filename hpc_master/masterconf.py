@@ -274,8 +274,15 @@ class MasterConfig(StrictModel):
     ``0.0.0.0``: a shared master sets it."""
     job_storage_root: Path | None = None
     """Per-trial run directories (``exp-E/trial-T/run-R``: the job script, its logs, the unpacked context) on
-    the shared filesystem. Each is created as its owner's account, so the root needs only be traversable by
-    users (0755 or 0711). Default: ``~/hpc-det/jobs`` of the master's account."""
+    the shared filesystem. A shared master keeps each user's below their own directory, ``<root>/<account>``
+    (made by the user's helper as the user, or checked: theirs, 0700 or 0750); a root naming
+    ``{unix_user}`` is per user (``/scratch/{unix_user}/hpc-det``). Default: ``~/hpc-det/jobs`` of the
+    master's account."""
+    service_account: str | None = None
+    """The unprivileged account a shared master serves as (``docs/admin.md``): started as root, it switches
+    to it before it opens anything, and does what it does in a user's name through the per-user helper
+    (``sudo``, the rule of ``det-master --print-sudoers``). Default: ``hpc-det`` where that account exists;
+    a root master without one still runs as root (deprecated: it says so at start)."""
     checkpoint_storage: CheckpointStorageConfig = CheckpointStorageConfig()
     """The default checkpoint storage of experiments (Determined's ``shared_fs``) and its GC policy."""
     resource_pools: dict[str, ResourcePoolConfig] = Field(
@@ -397,6 +404,7 @@ ENV_OVERRIDES: dict[str, str] = {
     "DET_LISTEN_PORT": "listen.port",
     "DET_EXTERNAL_URL": "external_url",
     "DET_JOB_STORAGE_ROOT": "job_storage_root",
+    "DET_SERVICE_ACCOUNT": "service_account",
     "DET_CHECKPOINT_ROOT": "checkpoint_storage.host_path",
     "DET_REQUIRE_PASSWORDS": "security.require_passwords",
     "DET_TOKEN_TTL_HOURS": "security.token_ttl_hours",

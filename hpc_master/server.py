@@ -43,6 +43,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--print-systemd-unit", action="store_true",
         help="print det-master.service for this installation (docs/admin.md) and exit",
     )  # fmt: skip
+    parser.add_argument(
+        "--print-sudoers", action="store_true",
+        help="print the sudoers rule that lets the service account run the per-user helper (docs/admin.md)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--users-group", default="hpc-det-users", help="with --print-sudoers: the group of the master's users"
+    )
     return parser.parse_args(argv)
 
 
@@ -207,15 +214,21 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
     what it queued and stops its ingest worker; SQLite's WAL checkpointer stops); then the lifecycle loop
     finishes its tick (and the checkpoint GC its claim), the curve keeper saves the learning curves, and the
     database connections close. Under systemd (``Type=notify``) it reports when it is ready and stopping."""
+    from hpc_master import paths
     from hpc_master.api.app import create_app
+    from hpc_master.service_account import become, identity_for
     from hpc_master.services.curve_keeper import CurveKeeper
     from hpc_master.systemd import ExitSignals, NotifyingServer, sd_notify
 
+    identity = identity_for(config)
+    become(identity, [paths.get_data_dir(), paths.get_state_dir()])  # before it opens anything
     signals = ExitSignals()
     signals.install()  # from here on a SIGTERM stops the master in order; a migration under way completes
     sd_notify("STATUS=starting: migrating the database")
     app = create_app(config)
     state = app.state.det
+    state.acts_for_users, state.helper_via = identity.acts_for_users, identity.via
+    state.checkpoint_remover.as_owner = identity.acts_for_users
     link = login_link(config)  # the owner key was written by create_app
     if link and sys.stderr.isatty():
         print(f"Web UI: {link}  (logs you in as determined until the master restarts)", file=sys.stderr)
@@ -245,8 +258,8 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
 
 def make_lifecycle_loop(state: Any) -> Any:
     """The loop that drives searchers and Slurm jobs (Slurm's command-line tools must be on PATH)."""
-    from hpc_master.asuser import AsUser, HelperRunFiles, RunFiles
-    from hpc_master.helper_client import UserHelper, slurm_runner
+    from hpc_master.asuser import AsUser, HelperRunFiles, RunFiles, helper_log_reader
+    from hpc_master.helper_client import HelperPool, UserHelper, slurm_runner
     from hpc_master.lifecycle.job_host import PLATFORM_ROOT
     from hpc_master.lifecycle.jobs import JobDriver
     from hpc_master.lifecycle.loop import LifecycleLoop
@@ -261,13 +274,17 @@ def make_lifecycle_loop(state: Any) -> Any:
     job_root = str(config.job_storage_root or get_job_storage_root())
     # Everything done in a user's name, for trials and tasks alike (hpc_master.asuser): by the per-user helper
     # as the user, where the master acts for its users.
-    helper = UserHelper([job_root, str(config.checkpoint_dir())]) if state.acts_for_users else None
+    roots = [job_root, str(config.checkpoint_dir())]  # what `det-master --print-sudoers` names
+    helper = UserHelper(roots, via=state.helper_via) if state.acts_for_users else None
+    pool = HelperPool(helper) if helper is not None else None
     cli = SlurmCli(user_runner=slurm_runner(helper) if helper else None)
     poller = Poller(cli, interval_s=config.poll_interval_s)
     if helper is not None and state.checkpoint_remover.as_owner:
         state.checkpoint_remover.helper = helper
+    if pool is not None and state.helper_via == "sudo":  # it cannot read its users' logs itself
+        state.log_reader = helper_log_reader(pool, job_root)
     as_user = AsUser(
-        HelperRunFiles(job_root, helper) if helper else RunFiles(job_root),
+        HelperRunFiles(job_root, helper, pool) if helper else RunFiles(job_root),
         SlurmJobs(cli, poller),
         checkpoints=state.checkpoint_remover,
         acts_for_users=state.acts_for_users,
@@ -306,6 +323,22 @@ def report_error(err: DetError, config_path: Path | None) -> None:
     print(error_line(f"det-master: {where}{err}"), file=sys.stderr)
 
 
+def print_sudoers(args: argparse.Namespace) -> int:
+    """``--print-sudoers``: the rule for this config's roots and this installation's Python."""
+    from hpc_master.service_account import DEFAULT_ACCOUNT, sudoers
+
+    try:
+        config = resolve_config(args)
+        text = sudoers(
+            config, account=config.service_account or DEFAULT_ACCOUNT, users_group=args.users_group
+        )
+    except DetError as err:
+        report_error(err, args.config)
+        return 2
+    sys.stdout.write(text)
+    return 0
+
+
 def check_config(args: argparse.Namespace) -> int:
     """``--check-config``: the file as the master would load it; no database, no socket, no Slurm."""
     try:
@@ -327,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         return stop_daemon()
     if args.check_config is not None:
         return check_config(args)
+    if args.print_sudoers:
+        return print_sudoers(args)
     if args.print_systemd_unit:
         from hpc_master.deploy import systemd_unit
 

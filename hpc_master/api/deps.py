@@ -25,6 +25,7 @@ from hpc_master.masterconf import MasterConfig
 from hpc_master.services import users
 from hpc_master.services.checkpoint_remover import CheckpointRemover
 from hpc_master.services.common import get_or_404
+from hpc_master.services.logs import LogReader
 from hpc_master.services.throttle import LoginThrottle
 from hpc_master.services.users import Principal, TokenCache
 
@@ -47,6 +48,10 @@ class AppState:
     acts_for_users: bool = field(default_factory=lambda: os.geteuid() == 0)
     """Whether jobs run as their owners' Unix accounts (a shared master: root, or its service account), each
     user's files in their own directory below the job storage root; otherwise as the master's own."""
+    log_reader: LogReader | None = None
+    """How logs are read: None, by the master itself; a service-account master's, through its users' helpers."""
+    helper_via: str = "runuser"
+    """How the per-user helper becomes a user: ``runuser`` (a root master) or ``sudo`` (its service account)."""
     checkpoint_remover: CheckpointRemover = field(default_factory=CheckpointRemover)
     """Deletes checkpoint files for the API (as each owner's Unix account when the master runs as root)."""
     streams: StreamSlots = field(init=False)

@@ -223,7 +223,10 @@ async def task_logs(
             task = svc.get_task(session, principal, task_id)
             path = task.run_dir.rstrip("/") + "/output.log"
             anchor = state.config.job_storage_dir()
-            return [logs.LogSource(1, PurePath(path), anchor)], task.state == svc.TaskState.TERMINATED
+            owner = session.get(UserModel, task.owner_id)
+            unix = owner.unix_username if owner is not None and state.acts_for_users else None
+            source = logs.LogSource(1, PurePath(path), anchor, owner_unix=unix)
+            return [source], task.state == svc.TaskState.TERMINATED
 
     sources, done = await run_in_threadpool(snapshot)  # 404 before the stream starts
 
@@ -247,7 +250,9 @@ async def task_logs(
         sent = 0
         while True:
             final = done or not follow
-            lines, more = await stream_threads.run(logs.read_new_lines, 0, sources, cursor, final=final)
+            lines, more = await stream_threads.run(
+                logs.read_new_lines, 0, sources, cursor, final=final, reader=state.log_reader
+            )
             lines = [x for x in lines if not search_text or search_text in str(x["log"])]
             if limit > 0:
                 lines = lines[: limit - sent]

@@ -185,7 +185,7 @@ async def trial_logs(
         while True:
             final = done or not follow
             lines, more = await stream_threads.run(
-                logs.read_new_lines, trial_id, sources_, cursor, final=final
+                logs.read_new_lines, trial_id, sources_, cursor, final=final, reader=state.log_reader
             )
             lines = [line for line in lines if wanted.matches(line)]
             if tail:

@@ -126,13 +126,22 @@ class JobDriver:
         self.cluster_id = cluster_id
         self._tensorboard_warned: set[str] = set()
         self.master_url = master_url_for_jobs(config)
-        self.running_as_root = self.as_user.acts_for_users
+        self._acts_for_users = self.as_user.acts_for_users
         self.configs: DerivedConfigs[ExperimentConfig] = DerivedConfigs(parse_experiment_config)
         """Parsed configs by experiment: a grid of thousands of trials decodes its config once."""
         self.knobs = KnobCache()
         """Each experiment's priority and max_slots, re-read only when its row changes."""
-        self.renicer = Renicer(config, cli, poller, self.knobs, clock=clock)
+        self.renicer = Renicer(config, cli, poller, self.knobs, clock=clock, as_owner=self._acts_for_users)
         self._prepared: dict[int, Prepared] = {}
+
+    @property
+    def running_as_root(self) -> bool:
+        """Whether jobs run as their owners' accounts (the master acts for its users; tests turn it off)."""
+        return self._acts_for_users
+
+    @running_as_root.setter
+    def running_as_root(self, value: bool) -> None:
+        self._acts_for_users = self.renicer.as_owner = value
 
     @contextmanager
     def _tx(self) -> Iterator[Session]:
@@ -436,10 +445,14 @@ class JobDriver:
         if data is not None:
             self.files.write(str(path), data, owner)
 
+    def _owner_account(self, run: svc.LiveRun) -> str | None:
+        """The account the run's job is (its actions taken as it), where the master acts for its users."""
+        return run.owner_unix if self.running_as_root else None
+
     def _exit_record(self, run: svc.LiveRun) -> dict[str, Any] | None:
         """The run's ``exit.json``, read as its owner; a run submitted by a master before directories were
         per user has it directly below the root."""
-        owner = JobOwner(run.owner_unix if self.running_as_root else None)
+        owner = JobOwner(self._owner_account(run))
         _, run_dir = run_dirs(self.files.user_root(owner), run.experiment_id, run.trial_id, run.run_number)
         found = self.files.read_json(posixpath.join(run_dir, EXIT_FILE), owner=owner)
         if found is None and owner.unix is not None:
@@ -465,7 +478,7 @@ class JobDriver:
             never_started = run.preempt_requested and status is not None and status.outcome is Outcome.PENDING
             if never_started and not kill and not self.slurm.still_pending(run.slurm_job_id):
                 continue  # it started since the last poll: it checkpoints and exits by itself
-            if (kill or never_started) and not self.slurm.cancel(run.slurm_job_id):
+            if (kill or never_started) and not self.slurm.cancel(run.slurm_job_id, self._owner_account(run)):
                 return
 
     # ---- poll -----------------------------------------------------------------------------------------
@@ -493,7 +506,7 @@ class JobDriver:
                     with self._tx() as s:
                         write_pending_reason(s, run.run_id, reason)
             elif status.outcome is Outcome.UNSCHEDULABLE:
-                if self.slurm.cancel(job_id):
+                if self.slurm.cancel(job_id, self._owner_account(run)):
                     self._finish(run, status)
                     ended += 1
             elif status.is_terminal:

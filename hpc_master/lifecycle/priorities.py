@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from det_errors import SlurmError
 from hpc_master import priority
-from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel
+from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel, UserModel
 from hpc_master.masterconf import MasterConfig
 from hpc_master.services.states import LIVE_RUN_STATES, RunState
 from slurm_backend import Outcome, Poller, SlurmCli
@@ -130,6 +130,8 @@ class Renicer:
     knobs: KnobCache
     sent: dict[str, int | None] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
+    as_owner: bool = False
+    """Re-nice as each job's owner (a master that acts for its users)."""
     _last: float | None = None
 
     def submitted(self, job_id: str, nice: int | None) -> None:
@@ -147,16 +149,18 @@ class Renicer:
         self._last = now
         with session_factory() as s:
             rows = s.execute(
-                select(TrialRunModel.slurm_job_id, TrialModel.experiment_id)
+                select(TrialRunModel.slurm_job_id, TrialModel.experiment_id, UserModel.unix_username)
                 .join(TrialModel, TrialModel.id == TrialRunModel.trial_id)
+                .join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
+                .outerjoin(UserModel, UserModel.id == ExperimentModel.owner_id)
                 .where(TrialRunModel.state == RunState.PENDING, TrialRunModel.slurm_job_id.is_not(None))
             ).all()
-            knobs = self.knobs.get(s, {e for _, e in rows}) if rows else {}
-        live = {str(job) for job, _ in rows}
+            knobs = self.knobs.get(s, {e for _, e, _ in rows}) if rows else {}
+        live = {str(job) for job, _, _ in rows}
         for job in [j for j in self.sent if j not in live]:
             del self.sent[job]  # ended or started: forget it
         updated = 0
-        for job, exp_id in rows:
+        for job, exp_id, unix in rows:
             job_id = str(job)
             want = self.wanted(knobs[exp_id]) if exp_id in knobs else None
             if want is None or (job_id in self.sent and self.sent[job_id] == want):
@@ -166,7 +170,7 @@ class Renicer:
                 continue
             try:
                 with self.cli.retries_at_most(0):
-                    self.cli.set_nice(job_id, want)
+                    self.cli.set_nice(job_id, want, as_user=unix if self.as_owner else None)
             except SlurmUnavailableError:
                 return updated  # the next pass tries again
             except SlurmError as e:  # it started or ended meanwhile

@@ -155,12 +155,13 @@ class SlurmJobs:
         return known
 
     # ---- cancel -----------------------------------------------------------------------------------------
-    def cancel(self, job_id: str) -> bool:
-        """scancel; False when the controller did not answer (the caller stops asking it for now). Any other
-        failure is logged, and the caller asks again next tick while the job lives."""
+    def cancel(self, job_id: str, as_user: str | None = None) -> bool:
+        """scancel (as the job's owner `as_user`, where the master acts for its users); False when the
+        controller did not answer (the caller stops asking it for now). Any other failure is logged, and the
+        caller asks again next tick while the job lives."""
         try:
             with self.cli.retries_at_most(0):  # tried again next tick, or after the backoff
-                self.cli.cancel(job_id)
+                self.cli.cancel(job_id, as_user=as_user)
         except SlurmUnavailableError as e:
             self.gate.note_unavailable(e)
             return False

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
 
@@ -21,7 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from hpc_master.asuser import RunFiles
-from hpc_master.db.models import LogFileModel, TrialRunModel
+from hpc_master.db.models import ExperimentModel, LogFileModel, TrialModel, TrialRunModel, UserModel
 
 RANK_PREFIX = re.compile(r"^\[rank=(\d+)\] ?")
 LEVEL_WORD = re.compile(
@@ -65,6 +65,19 @@ class LogSource:
     path: PurePath
     anchor: PurePath
     stream: str = "stdout"
+    owner_unix: str | None = None
+    """The Unix account whose job writes it (a service-account master reads it through their helper)."""
+
+
+LogReader = Callable[[LogSource, int, int], tuple[bytes, float]]
+"""(source, offset, most bytes) → (the bytes, the file's mtime); OSError when it cannot be read."""
+
+
+def read_in_process(source: LogSource, offset: int, max_bytes: int) -> tuple[bytes, float]:
+    """A log read by the master itself (a personal master, or a root one): beneath its anchor, never
+    through a link or from a FIFO (``userfiles``)."""
+    data, status = RunFiles.read_bytes(source.anchor, source.path, offset=offset, max_bytes=max_bytes)
+    return data, status.st_mtime
 
 
 @dataclass
@@ -99,13 +112,17 @@ class LogFilter:
 
 def log_sources(session: Session, trial_id: int, anchor: PurePath) -> list[LogSource]:
     rows = session.execute(
-        select(TrialRunModel.run_number, LogFileModel.path, LogFileModel.stream)
+        select(TrialRunModel.run_number, LogFileModel.path, LogFileModel.stream, UserModel.unix_username)
         .join(LogFileModel, LogFileModel.trial_run_id == TrialRunModel.id)
+        .join(TrialModel, TrialModel.id == TrialRunModel.trial_id)
+        .join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
+        .outerjoin(UserModel, UserModel.id == ExperimentModel.owner_id)
         .where(TrialRunModel.trial_id == trial_id)
         .order_by(TrialRunModel.run_number, LogFileModel.id)
     ).all()
     return [
-        LogSource(run_number, PurePath(path), anchor, stream or "stdout") for run_number, path, stream in rows
+        LogSource(run_number, PurePath(path), anchor, stream or "stdout", unix)
+        for run_number, path, stream, unix in rows
     ]
 
 
@@ -152,6 +169,7 @@ def read_new_lines(
     *,
     final: bool = False,
     max_bytes: int = MAX_READ_BYTES,
+    reader: LogReader | None = None,
 ) -> tuple[list[dict[str, object]], bool]:
     """Lines appended since `cursor`, advancing it: complete lines only, unless `final` and at a file's end.
 
@@ -163,12 +181,10 @@ def read_new_lines(
         key = str(source.path)
         start = cursor.offsets.get(key, 0)
         try:
-            data, status = RunFiles.read_bytes(
-                source.anchor, source.path, offset=start, max_bytes=max_bytes + 1
-            )
+            data, mtime = (reader or read_in_process)(source, start, max_bytes + 1)
         except OSError:  # not there (yet), or a link, FIFO or root's file in its place: nothing to show
             continue
-        written = dt.datetime.fromtimestamp(status.st_mtime, dt.UTC)
+        written = dt.datetime.fromtimestamp(mtime, dt.UTC)
         at_end = len(data) <= max_bytes
         if not at_end:
             data = data[:max_bytes]

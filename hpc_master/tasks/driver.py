@@ -251,51 +251,56 @@ class TaskDriver:
     def cancel_killed(self) -> None:
         """scancel the job of every killed task, each tick until the job has ended (scancel is idempotent)."""
         with self._tx() as s:
-            jobs = list(
-                s.scalars(
-                    select(TaskModel.slurm_job_id).where(
-                        TaskModel.kill_requested.is_(True),
-                        TaskModel.state != TaskState.TERMINATED,
-                        TaskModel.slurm_job_id.is_not(None),
-                    )
+            jobs = s.execute(
+                select(TaskModel.slurm_job_id, UserModel.unix_username)
+                .outerjoin(UserModel, UserModel.id == TaskModel.owner_id)
+                .where(
+                    TaskModel.kill_requested.is_(True),
+                    TaskModel.state != TaskState.TERMINATED,
+                    TaskModel.slurm_job_id.is_not(None),
                 )
-            )
-        for job_id in jobs:
-            if self.slurm.unavailable() or not self.slurm.cancel(str(job_id)):
+            ).all()
+        for job_id, unix in jobs:
+            if self.slurm.unavailable() or not self.slurm.cancel(str(job_id), self._owner_of(unix).unix):
                 return  # asked again once the controller answers
 
     # ---- poll -----------------------------------------------------------------------------------------
     def poll(self) -> int:
         with self._tx() as s:
             live = {
-                str(job_id): (task_id, run_dir)
-                for task_id, job_id, run_dir in s.execute(
-                    select(TaskModel.id, TaskModel.slurm_job_id, TaskModel.run_dir).where(
-                        TaskModel.state.in_(svc.LIVE_STATES), TaskModel.slurm_job_id.is_not(None)
-                    )
+                str(job_id): (task_id, run_dir, self._owner_of(unix))
+                for task_id, job_id, run_dir, unix in s.execute(
+                    select(TaskModel.id, TaskModel.slurm_job_id, TaskModel.run_dir, UserModel.unix_username)
+                    .outerjoin(UserModel, UserModel.id == TaskModel.owner_id)
+                    .where(TaskModel.state.in_(svc.LIVE_STATES), TaskModel.slurm_job_id.is_not(None))
                 )
             }
         if not live:
             return 0
         statuses = self.slurm.poll(live)
         ended = 0
-        for job_id, (task_id, run_dir) in live.items():
+        for job_id, (task_id, run_dir, owner) in live.items():
             status = statuses.get(job_id)
             if status is None:
                 continue
-            if status.outcome is Outcome.UNSCHEDULABLE and not self.slurm.cancel(job_id):
+            if status.outcome is Outcome.UNSCHEDULABLE and not self.slurm.cancel(job_id, owner.unix):
                 continue
             if status.is_terminal or status.outcome is Outcome.UNSCHEDULABLE:
-                self._finish(task_id, status, self.files.read_json(posixpath.join(run_dir, EXIT_FILE)))
+                exit_record = self.files.read_json(posixpath.join(run_dir, EXIT_FILE), owner=owner)
+                self._finish(task_id, status, exit_record)
                 self.slurm.unwatch(job_id)
                 ended += 1
             else:
-                self._update(task_id, status)
+                self._update(task_id, status, owner)
         if ended:
             self.slurm.jobs_ended()
         return ended
 
-    def _update(self, task_id: str, status: JobStatus) -> None:
+    def _owner_of(self, unix: str | None) -> JobOwner:
+        """Whose files a task's are (read as them by a master that acts for its users)."""
+        return JobOwner(unix if self.running_as_root else None)
+
+    def _update(self, task_id: str, status: JobStatus, owner: JobOwner | None = None) -> None:
         discover: tuple[str, str, str] | None = None
         with self._tx() as s:
             task = s.get(TaskModel, task_id)
@@ -319,7 +324,7 @@ class TaskDriver:
         if discover is not None:
             run_dir, nodes, token = discover
             service_file = posixpath.join(run_dir, SERVICE_FILE)
-            address = service_address(self.files, service_file, nodes, task_id, token)
+            address = service_address(self.files, service_file, nodes, task_id, token, owner=owner)
             if address is not None:
                 with self._tx() as s:
                     task = s.get(TaskModel, task_id)
@@ -372,7 +377,14 @@ def idle_timeout_s(task: TaskModel, tensorboard_timeout_s: int | None) -> int | 
 
 
 def service_address(
-    files: RunFiles, path: str, node_list: str, task_id: str, token: str, timeout_s: float = 0.5
+    files: RunFiles,
+    path: str,
+    node_list: str,
+    task_id: str,
+    token: str,
+    timeout_s: float = 0.5,
+    *,
+    owner: JobOwner | None = None,
 ) -> str | None:
     """``node:port`` once the task's server answers there and proves it holds the task's token, else None.
 
@@ -384,7 +396,7 @@ def service_address(
     if len(nodes) != 1 or not token:
         return None
     host = nodes[0]
-    info = files.read_json(path)
+    info = files.read_json(path, owner=owner)
     if info is None:
         return None
     port = info.get("port")

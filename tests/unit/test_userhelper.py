@@ -58,7 +58,9 @@ def helper(root: Path) -> Iterator[HelperSession]:
     session.close()
 
 
-def test_files_are_made_written_and_read_beneath_the_root_as_the_user(helper: HelperSession, root: Path) -> None:
+def test_files_are_made_written_and_read_beneath_the_root_as_the_user(
+    helper: HelperSession, root: Path
+) -> None:
     run = root / "exp-1" / "trial-2" / "run-1"
     helper.call("write_files", anchor=str(root), path=str(run), files={"plan.json": ["{}", 0o640],
                                                                         "token": ["s3cret", 0o600]})  # fmt: skip
@@ -66,7 +68,9 @@ def test_files_are_made_written_and_read_beneath_the_root_as_the_user(helper: He
         st = d.stat()
         assert stat.S_IMODE(st.st_mode) == 0o750 and st.st_uid == _uid(), d
     assert (run / "token").stat().st_uid == _uid() and stat.S_IMODE((run / "token").stat().st_mode) == 0o600
-    helper.call("write", anchor=str(root), path=str(run / "ctx.tgz"), data=encode(b"\x00\x01" * 10), mode=0o640)
+    helper.call(
+        "write", anchor=str(root), path=str(run / "ctx.tgz"), data=encode(b"\x00\x01" * 10), mode=0o640
+    )
     got = helper.call("read", anchor=str(root), path=str(run / "ctx.tgz"), offset=2, max_bytes=4)
     assert got["size"] == 20 and helper_bytes(got) == b"\x00\x01\x00\x01"
     assert helper.call("exists", anchor=str(root), path=str(run / "plan.json"))["exists"] is True
@@ -102,7 +106,9 @@ def test_nothing_outside_its_roots_and_no_link_is_followed(helper: HelperSession
     assert helper.call("ping")["uid"] == _uid()  # every refusal was an answer: the helper still serves
 
 
-def test_a_users_directory_is_made_or_checked_and_one_of_another_is_refused(root: Path, tmp_path: Path) -> None:
+def test_a_users_directory_is_made_or_checked_and_one_of_another_is_refused(
+    root: Path, tmp_path: Path
+) -> None:
     per_user = tmp_path / "scratch"
     per_user.mkdir()
     per_user.chmod(0o1777)
