@@ -18,6 +18,7 @@ from reaching ``userfiles`` or the run-directory writers around it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -240,7 +241,10 @@ class HelperRunFiles(RunFiles):
         admit the user (where it does not, the trials make their own, as `JobDriver` says)."""
         if owner.unix is None or (os.geteuid() == 0 and owner.uid is not None):
             return super().make_tensorboard_dir(checkpoint_root, experiment_id, owner)
-        anchor = os.path.join(checkpoint_root, "tensorboard", "experiment")
+        shared = ("tensorboard", "experiment")  # the master's, where it may make them (admins make it 1733)
+        with contextlib.suppress(OSError):
+            userfiles.make_dirs(checkpoint_root, shared, mode=0o755, uid=os.geteuid(), keep=len(shared))
+        anchor = os.path.join(checkpoint_root, *shared)
         self.helper.call(
             owner.unix, "make_dirs", anchor=anchor, path=os.path.join(anchor, str(experiment_id))
         )

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 VENV=${1:-.venv}
 
 APT_PACKAGES=(
-  slurm-wlm slurmdbd mariadb-server munge libpmix2 openmpi-bin libopenmpi-dev iproute2 util-linux passwd
+  slurm-wlm slurmdbd mariadb-server munge libpmix2 openmpi-bin libopenmpi-dev iproute2 util-linux passwd sudo
   python3 python3-venv python3-dev build-essential
   postgresql
   chromium fonts-liberation

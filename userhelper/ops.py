@@ -129,7 +129,7 @@ class Helper:
 
     def make_dirs(self, request: dict[str, Any]) -> dict[str, Any]:
         anchor, parts = self._parts(request)
-        userfiles.make_dirs(anchor, parts, mode=_mode(request, 0o750))
+        userfiles.make_dirs(anchor, parts, mode=_mode(request, 0o750), uid=self.account.uid)  # none another's
         return {}
 
     def write(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -144,7 +144,7 @@ class Helper:
         files = request.get("files")
         if not isinstance(files, dict):
             raise ValueError("files: an object of name → [text, mode]")
-        userfiles.make_dirs(anchor, parts, mode=0o750)
+        userfiles.make_dirs(anchor, parts, mode=0o750, uid=self.account.uid)  # refused where another's
         for name, spec in files.items():
             if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], str)):
                 raise ValueError(f"files.{name}: [text, mode]")

@@ -36,7 +36,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from harness.exec.job_plan import EXIT_FILE
-from hpc_master.asuser import AsUser, JobOwner, RunFiles, UnsafePathError
+from hpc_master.asuser import AsUser, JobOwner, RunFiles
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel, UserModel
 from hpc_master.errors import ClientError
@@ -424,7 +424,7 @@ class JobDriver:
         ``tensorboard/experiment``, the trials make their own as they did then, and the admin is told once."""
         try:
             self.files.make_tensorboard_dir(root, experiment_id, owner)
-        except UnsafePathError as e:
+        except OSError as e:  # UnsafePathError, or a service account's directory its users cannot write
             if root not in self._tensorboard_warned:
                 self._tensorboard_warned.add(root)
                 log.warning(
