@@ -94,6 +94,13 @@ def become(identity: Identity, writable: list[Path]) -> None:
     if not identity.switch:
         return
     assert identity.account is not None
+    if _no_new_privileges():
+        raise ConfigError(
+            f"the master would serve as {identity.account!r}, but the no-new-privileges flag is set (the systemd "
+            "unit's NoNewPrivileges=yes): sudo could not run the per-user helper. Add a drop-in with "
+            "NoNewPrivileges=no (docs/admin.md, A service account)",
+            field="service_account",
+        )
     pw = pwd.getpwnam(identity.account)
     os.initgroups(pw.pw_name, pw.pw_gid)
     os.setresgid(pw.pw_gid, pw.pw_gid, pw.pw_gid)
@@ -109,6 +116,14 @@ def become(identity: Identity, writable: list[Path]) -> None:
             f"`chown -R {pw.pw_name}: {' '.join(blocked)}` once (docs/admin.md, upgrading a root master)",
             field="service_account",
         )
+
+
+def _no_new_privileges() -> bool:
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+    return any(line.split() == ["NoNewPrivs:", "1"] for line in status.splitlines())
 
 
 def sudoers(config: MasterConfig, *, account: str, users_group: str, python: str = sys.executable) -> str:
