@@ -51,7 +51,8 @@ MARKS = {("test",), ("test", "researcher"), ("test", "researcher", "bob"), ("man
 MANUAL = {
     "python3 -m venv /opt/hpc-det/.venv": "installs the software (the test runs the checkout it is in)",
     "git -C /opt/hpc-det pull": "updates the software",
-    "useradd --system --home-dir /var/lib/hpc-det --shell /usr/sbin/nologin det": "creates a system account",
+    "useradd --system --home-dir /var/lib/hpc-det --shell /usr/sbin/nologin hpc-det": "creates a system account and a "
+    "sudoers rule (tests/e2e/test_service_account.py runs the same steps on its own account)",
 }
 """The first line of each ``bash manual`` block, and why a test does not run it."""
 IMAGE = "docker://pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime"
