@@ -48,6 +48,7 @@ tls:
   key: /etc/hpc-det/tls/key.pem
 external_url: https://det.example.org:8443
 job_storage_root: /shared/hpc-det/jobs
+service_account: hpc-det
 checkpoint_storage:
   type: shared_fs
   host_path: /shared/hpc-det/checkpoints
