@@ -261,6 +261,13 @@ class AsUser:
     slurm: SlurmJobs
     checkpoints: CheckpointRemover | None = None
     acts_for_users: bool = field(default_factory=lambda: os.geteuid() == 0)
+    helper: UserHelper | None = None
+
+    def batch(self, unix: str | None) -> contextlib.AbstractContextManager[None]:
+        """What the block does as `unix` (a submission: its files and its sbatch) in one helper process."""
+        if self.helper is None or unix is None or not self.acts_for_users:
+            return contextlib.nullcontext()
+        return self.helper.batch(unix)
 
 
 def helper_log_reader(pool: HelperPool, job_root: str) -> Callable[[Any, int, int], tuple[bytes, float]]:

@@ -93,10 +93,18 @@ def pool_from_master_config(master: MasterConfig, name: str | None = None) -> Po
 
 @dataclass(frozen=True)
 class JobPaths:
-    job_storage_root: str  # shared filesystem: <root>/exp-E/trial-T/run-R, <root>/tasks/<id>
+    job_storage_root: str  # shared filesystem: the master's root (its image cache's default parent)
     checkpoint_root: str  # used when the config has no checkpoint_storage
     platform_root: str  # the repository: harness/, launchers/, determined_compat/
     python: str  # interpreter with the platform's dependencies, on every node
+    user_root: str = (
+        ""  # the owner's directory (trialjob.user_job_root): <it>/exp-E/trial-T/run-R, <it>/tasks/<id>
+    )
+
+    @property
+    def runs_root(self) -> str:
+        """Where the owner's run and task directories are: their own directory, else the root itself."""
+        return self.user_root or self.job_storage_root
 
 
 def node_shape(slots: int, slurm: SlurmConfig, pool: PoolSpec, *, single_node: bool) -> NodeShape:
@@ -153,7 +161,7 @@ def container_plan(
         gpus=gpus,
         binds=[(b.host_path, b.container_path, b.read_only) for b in bind_mounts],
         platform_root=paths.platform_root.rstrip("/") or "/",
-        job_storage_root=paths.job_storage_root,
+        job_storage_root=paths.runs_root,
         checkpoint_root=checkpoint_root,
     )
 

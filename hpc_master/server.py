@@ -288,6 +288,7 @@ def make_lifecycle_loop(state: Any) -> Any:
         SlurmJobs(cli, poller),
         checkpoints=state.checkpoint_remover,
         acts_for_users=state.acts_for_users,
+        helper=helper,
     )
     jobs = JobDriver(state.sessions, config, cli, poller, cluster_id=state.cluster_id, as_user=as_user)
     storage = config.checkpoint_storage

@@ -172,9 +172,7 @@ def build_trial_job(
     argv = run_files.resolve_entrypoint(config.entrypoint, slots, paths.python)
     ntasks = shape.gpus_per_node if run_files.tasks_per_slot(argv) and shape.gpus_per_node else 1
     time_limit = job_time_limit(config.slurm, pool, CHAIN_HINT)
-    trial_dir, run_dir = run_dirs(
-        paths.job_storage_root, trial.experiment_id, trial.trial_id, trial.trial_run_id
-    )
+    trial_dir, run_dir = run_dirs(paths.runs_root, trial.experiment_id, trial.trial_id, trial.trial_run_id)
     storage_root = checkpoint_root_of(config, paths.checkpoint_root)
     request = JobRequest(
         name=f"det-e{trial.experiment_id}-t{trial.trial_id}",

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -19,12 +18,12 @@ IDLE_TIMEOUT_S = 600
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="userhelper", description=__doc__)
-    parser.add_argument("--root", action="append", default=[], help="a directory it may work beneath")
-    args = parser.parse_args(argv)
+    if len(argv) % 2 or any(flag != "--root" for flag in argv[::2]):
+        print("usage: userhelper [--root DIR]... (JSON requests on stdin)", file=sys.stderr)
+        return 2
     os.umask(0o027)
     try:
-        helper = Helper(args.root)
+        helper = Helper(argv[1::2])
     except RefusedError as exc:
         print(f"userhelper: {exc}", file=sys.stderr)
         return 2

@@ -1,6 +1,7 @@
-"""The helper's command: ``python -I /…/userhelper/run.py --root DIR …`` (a script path, so that an editable
-install and a wheel run it alike: ``-I`` leaves the script's own directory off ``sys.path``, and this puts the
-directory it was installed in, root's, first)."""
+"""The helper's command: ``python -I -S /…/userhelper/run.py --root DIR …`` (a script path, so that an editable
+install and a wheel run it alike: ``-I`` leaves the script's own directory off ``sys.path`` and ``-S`` every
+site directory, and this puts the directory it was installed in, root's, first: it imports the standard library,
+``userfiles`` and itself, nothing else)."""
 
 import os
 import sys

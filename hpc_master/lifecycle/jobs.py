@@ -125,6 +125,8 @@ class JobDriver:
         self.python = python or os.environ.get("DET_JOB_PYTHON") or sys.executable
         self.cluster_id = cluster_id
         self._tensorboard_warned: set[str] = set()
+        self._contexts_written: set[int] = set()
+        """Experiments whose context archive this master wrote or found (not looked for again)."""
         self.master_url = master_url_for_jobs(config)
         self._acts_for_users = self.as_user.acts_for_users
         self.configs: DerivedConfigs[ExperimentConfig] = DerivedConfigs(parse_experiment_config)
@@ -170,9 +172,10 @@ class JobDriver:
         for trial_id in todo:
             try:
                 sub = self._allocate(trial_id)
-                prepared = self._prepare(sub) if sub is not None else None
-                if prepared is not None:
-                    submitted += self._try_sbatch(prepared)
+                with self.as_user.batch(self._account(sub.owner_unix) if sub is not None else None):
+                    prepared = self._prepare(sub) if sub is not None else None
+                    if prepared is not None:
+                        submitted += self._try_sbatch(prepared)
             except Exception:
                 log.exception("submitting trial %s failed; retried next tick", trial_id)
         return submitted
@@ -217,12 +220,13 @@ class JobDriver:
         if not run.submittable:
             self._finish_unsubmitted(run)
             return 0
-        if prepared is None:
-            sub = self._reload(run.run_id)
-            prepared = self._prepare(sub) if sub is not None else None
+        with self.as_user.batch(self._account(run.owner_unix)):
             if prepared is None:
-                return 0
-        return self._try_sbatch(prepared, run.pending_reason)
+                sub = self._reload(run.run_id)
+                prepared = self._prepare(sub) if sub is not None else None
+                if prepared is None:
+                    return 0
+            return self._try_sbatch(prepared, run.pending_reason)
 
     def _allocate(self, trial_id: int) -> _Submission | None:
         try:
@@ -314,7 +318,8 @@ class JobDriver:
                     context_archive=context_path if sub.has_context else None,
                 ),
                 JobPaths(
-                    job_storage_root=user_root,
+                    job_storage_root=self.job_storage_root,
+                    user_root=user_root,
                     checkpoint_root=str(self.config.checkpoint_storage.host_path or get_checkpoint_root()),
                     platform_root=PLATFORM_ROOT,
                     python=self.python,
@@ -436,7 +441,8 @@ class JobDriver:
     def _write_context_once(self, experiment_id: int, path: Path, owner: JobOwner) -> None:
         """The experiment's context archive, written next to its trials' directories by its first submission
         (read from the database then only: it can be 95 MB, and a grid has thousands of trials)."""
-        if self.files.exists(str(path), owner):
+        if experiment_id in self._contexts_written or self.files.exists(str(path), owner):
+            self._contexts_written.add(experiment_id)
             return
         with self._tx() as s:
             data = s.scalar(
@@ -444,10 +450,14 @@ class JobDriver:
             )
         if data is not None:
             self.files.write(str(path), data, owner)
+            self._contexts_written.add(experiment_id)
 
     def _owner_account(self, run: svc.LiveRun) -> str | None:
         """The account the run's job is (its actions taken as it), where the master acts for its users."""
-        return run.owner_unix if self.running_as_root else None
+        return self._account(run.owner_unix)
+
+    def _account(self, unix: str | None) -> str | None:
+        return unix if self.running_as_root else None
 
     def _exit_record(self, run: svc.LiveRun) -> dict[str, Any] | None:
         """The run's ``exit.json``, read as its owner; a run submitted by a master before directories were

@@ -153,15 +153,16 @@ class TaskDriver:
             if pending != SLURM_UNAVAILABLE:
                 self._set_pending(task_id, SLURM_UNAVAILABLE)
             return 0
-        try:
-            plan = self._prepare(task_id, owner_name, unix_user)
-        except (ClientError, OSError) as e:
-            self._fail(task_id, f"cannot submit: {e}")
-            return 0
-        spec = plan.spec
-        result = self.slurm.submit(
-            JobToSubmit(plan.script, comment, as_user, (as_user, spec.account, spec.qos, spec.partition))
-        )
+        with self.as_user.batch(as_user):  # its files and its sbatch: one helper process
+            try:
+                plan = self._prepare(task_id, owner_name, unix_user)
+            except (ClientError, OSError) as e:
+                self._fail(task_id, f"cannot submit: {e}")
+                return 0
+            spec = plan.spec
+            result = self.slurm.submit(
+                JobToSubmit(plan.script, comment, as_user, (as_user, spec.account, spec.qos, spec.partition))
+            )
         if isinstance(result, Waits):
             log.info("task %s waits: %s", task_id, result.reason)
             self._set_pending(task_id, result.reason)
@@ -219,7 +220,8 @@ class TaskDriver:
 
     def _paths(self, user_root: str) -> JobPaths:
         return JobPaths(
-            job_storage_root=user_root,
+            job_storage_root=self.job_storage_root,
+            user_root=user_root,
             checkpoint_root="",
             platform_root=self.platform_root,
             python=self.python,

@@ -104,7 +104,7 @@ def build_task_job(
         raise ConfigError("the task has nothing to run", field="entrypoint")
     shape = node_shape(config.resources.slots, config.slurm, pool, single_node=True)
     time_limit = job_time_limit(config.slurm, pool)
-    run_dir = task_run_dir(paths.job_storage_root, task_id)
+    run_dir = task_run_dir(paths.runs_root, task_id)
     context_path = posixpath.join(run_dir, CONTEXT_FILE) if has_context else None
     request = JobRequest(
         name=f"det-{task_type.lower()}-{task_id[:8]}",

@@ -50,7 +50,7 @@ def test_the_sudoers_rule_names_the_helpers_exact_command_line_and_parses(tmp_pa
                service_account="hpc-det")  # fmt: skip
     text = sudoers(c, account="hpc-det", users_group="researchers", python="/opt/hpc-det/.venv/bin/python")
     command = (
-        f"/opt/hpc-det/.venv/bin/python -I {SCRIPT} --root /scratch/{{unix_user}}/jobs --root /shared/ck"
+        f"/opt/hpc-det/.venv/bin/python -I -S {SCRIPT} --root /scratch/{{unix_user}}/jobs --root /shared/ck"
     )
     assert f"Cmnd_Alias HPC_DET_HELPER = {command}\n" in text
     assert "hpc-det ALL=(%researchers) NOPASSWD: HPC_DET_HELPER" in text
