@@ -33,7 +33,7 @@ from searcher import hparams
 
 Array = npt.NDArray[np.float64]
 
-N_CANDIDATES = 64
+N_CANDIDATES = 24  # Optuna's n_ei_candidates; 64 (BOHB's) took 6 ms with 2,000 points
 MIN_BANDWIDTH = 0.03
 MAX_GOOD = 25
 GOOD_FRACTION = 0.15
@@ -158,20 +158,24 @@ def _mixture(centers: Array, ks: Sequence[int]) -> _Mixture:
 
 
 def _log_density(mix: _Mixture, ks: Sequence[int], x: Array) -> Array:
-    """log of the mixture density at each row of ``x`` (m × d)."""
-    karr = np.array([max(k, 1) for k in ks], dtype=float)
-    cont = np.array([k == 0 for k in ks])
+    """log of the mixture density at each row of ``x`` (m × d).
+
+    Accumulated one dimension at a time on (m × n) arrays, elementwise only (no BLAS, whose
+    summation order may depend on threads), so the result is the same on every run."""
     n = mix.centers.shape[0]
-    # (m, n, d) per-dimension log kernel values
-    diff = x[:, None, :] - mix.centers[None, :, :]
-    z = diff / mix.sigma
-    log_gauss = -0.5 * z * z - np.log(mix.sigma * math.sqrt(2.0 * math.pi)) - mix.log_norm[None, :, :]
-    same = np.abs(diff) < 0.5
-    other = (1.0 - mix.cat_keep) / np.maximum(karr - 1, 1)
-    log_cat = np.where(same, np.log(mix.cat_keep), np.log(np.maximum(other, 1e-300)))
-    per_kernel = np.where(cont, log_gauss, log_cat).sum(axis=2)  # (m, n)
-    log_prior = -np.log(karr[~cont]).sum() * np.ones((x.shape[0], 1))
-    terms = np.concatenate([per_kernel, log_prior], axis=1)
+    per_kernel = np.zeros((x.shape[0], n))
+    log_prior = 0.0
+    for j, k in enumerate(ks):
+        if k == 0:
+            z = (x[:, j, None] - mix.centers[None, :, j]) / mix.sigma[j]
+            per_kernel -= 0.5 * z * z
+            per_kernel -= mix.log_norm[None, :, j] + math.log(mix.sigma[j] * math.sqrt(2.0 * math.pi))
+        elif k > 1:
+            same = x[:, j, None] == mix.centers[None, :, j]
+            keep = float(mix.cat_keep[j])
+            per_kernel += np.where(same, math.log(keep), math.log((1.0 - keep) / (k - 1)))
+            log_prior -= math.log(k)
+    terms = np.concatenate([per_kernel, np.full((x.shape[0], 1), log_prior)], axis=1)
     top = terms.max(axis=1, keepdims=True)
     result: Array = (top[:, 0] + np.log(np.exp(terms - top).sum(axis=1))) - math.log(n + 1)
     return result
