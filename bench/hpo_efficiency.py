@@ -41,11 +41,18 @@ Optuna pruner: the paired difference of regret@100% (ours − Optuna's, negative
 
 Run: ``.venv/bin/python bench/hpo_efficiency.py [--quick] [--seeds N] [--first-seed K] [--workers 1,4,16]
 [--methods "random;optuna SuccessiveHalvingPruner"]``.
+
+Issue 40 added ``proposals: model`` rows (``searcher.proposals``), Optuna's default ``TPESampler`` alone
+and with ``SuccessiveHalvingPruner``, and a cache: each (problem, method, W, seed) cell is stored in
+``bench/results/hpo_cells/`` as it finishes, so an interrupted run resumes. Run it under
+``nice -n 19 ionice -c3``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
 import os
 import statistics
@@ -137,19 +144,27 @@ class HartmannProblem:
 class OptunaDriver:
     """Optuna ask/tell + a pruner behind the simulator's event interface."""
 
-    def __init__(self, pruner_name: str, space: Mapping[str, Any], workers: int, seed: int) -> None:
+    def __init__(
+        self, pruner_name: str, space: Mapping[str, Any], workers: int, seed: int, sampler_name: str = "random"
+    ) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.optuna = optuna
         pruner: optuna.pruners.BasePruner
-        if pruner_name == "sh":
+        if pruner_name == "none":
+            pruner = optuna.pruners.NopPruner()
+        elif pruner_name == "sh":
             pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=DIVISOR)
         else:
             pruner = optuna.pruners.HyperbandPruner(
                 min_resource=1, max_resource=MAX_LENGTH, reduction_factor=DIVISOR
             )
-        sampler = optuna.samplers.RandomSampler(seed=seed)
+        sampler: optuna.samplers.BaseSampler = (
+            optuna.samplers.TPESampler(seed=seed)  # the default sampler, with its defaults
+            if sampler_name == "tpe"
+            else optuna.samplers.RandomSampler(seed=seed)
+        )
         # HyperbandPruner assigns trials to brackets by a hash of the study name: name the study
         # after the seed so that runs are reproducible (Optuna's default name is a fresh UUID).
         self.study = optuna.create_study(
@@ -217,6 +232,13 @@ METHODS: dict[str, Callable[[Problem, int, int], Any]] = {
     "adaptive_asha aggressive, continue": _ours({**ASHA, "mode": "aggressive", "promotion": "continue"}),
     "optuna SuccessiveHalvingPruner": lambda p, w, s: OptunaDriver("sh", p.hyperparameters, w, s),
     "optuna HyperbandPruner": lambda p, w, s: OptunaDriver("hb", p.hyperparameters, w, s),
+    # Issue 40: model-based proposals, and Optuna's default TPE sampler alone and with its pruner.
+    "adaptive_asha, pause, proposals=model": _ours({**ASHA, "promotion": "pause", "proposals": "model"}),
+    "adaptive_asha aggressive, pause, proposals=model": _ours(
+        {**ASHA, "mode": "aggressive", "promotion": "pause", "proposals": "model"}
+    ),
+    "optuna TPE": lambda p, w, s: OptunaDriver("none", p.hyperparameters, w, s, "tpe"),
+    "optuna TPE + SuccessiveHalvingPruner": lambda p, w, s: OptunaDriver("sh", p.hyperparameters, w, s, "tpe"),
 }
 
 
@@ -323,6 +345,28 @@ def _fmt_interval(values: np.ndarray, lo_pct: float, hi_pct: float) -> str:
 
 OURS = [m for m in METHODS if m.startswith("adaptive_asha")]
 OPTUNA = [m for m in METHODS if m.startswith("optuna")]
+CACHE = Path(__file__).resolve().parent / "results" / "hpo_cells"
+
+
+def cell_path(job: Job) -> Path:
+    """One cached result per (problem, method, W, seed): a rerun resumes where the last one stopped."""
+    key = json.dumps([job.problem, job.method, job.workers, job.seed], sort_keys=True)
+    return CACHE / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def run_cached(job: Job) -> Result:
+    path = cell_path(job)
+    if path.exists():
+        data = json.loads(path.read_text())
+        return Result(job, [(float(a), float(b)) for a, b in data["trace"]], *data["rest"])
+    result = run(job)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"job": [job.problem, job.method, job.workers, job.seed], "trace": result.trace,
+            "rest": [result.budget_s, result.trials, result.pauses, result.resumes]}  # fmt: skip
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body))
+    tmp.replace(path)
+    return result
 
 
 def report(results: list[Result]) -> str:
@@ -432,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     start = time.monotonic()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(run, jobs, chunksize=1))
+        results = list(pool.map(run_cached, jobs, chunksize=1))
     print(
         f"Budget: {BUDGET_FULL_RUNS} full-length trainings per worker ({budget_s():.0f} simulated s); "
         f"max_length {MAX_LENGTH}, divisor {DIVISOR}, seeds {first}-{first + seeds - 1}; host time {time.monotonic() - start:.0f} s\n"
