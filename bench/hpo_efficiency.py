@@ -145,7 +145,12 @@ class OptunaDriver:
     """Optuna ask/tell + a pruner behind the simulator's event interface."""
 
     def __init__(
-        self, pruner_name: str, space: Mapping[str, Any], workers: int, seed: int, sampler_name: str = "random"
+        self,
+        pruner_name: str,
+        space: Mapping[str, Any],
+        workers: int,
+        seed: int,
+        sampler_name: str = "random",
     ) -> None:
         import optuna
 
@@ -238,7 +243,9 @@ METHODS: dict[str, Callable[[Problem, int, int], Any]] = {
         {**ASHA, "mode": "aggressive", "promotion": "pause", "proposals": "model"}
     ),
     "optuna TPE": lambda p, w, s: OptunaDriver("none", p.hyperparameters, w, s, "tpe"),
-    "optuna TPE + SuccessiveHalvingPruner": lambda p, w, s: OptunaDriver("sh", p.hyperparameters, w, s, "tpe"),
+    "optuna TPE + SuccessiveHalvingPruner": lambda p, w, s: OptunaDriver(
+        "sh", p.hyperparameters, w, s, "tpe"
+    ),
 }
 
 
