@@ -261,13 +261,6 @@ class AsyncHalving(Algorithm):
             for rid, metric, _ in entries:
                 yield length, rid, metric
 
-    def model_alive(self) -> Iterator[str]:
-        yield from self.awaiting
-        for entries in self.rungs[:-1]:
-            for rid, _, promoted in entries:
-                if not promoted and rid not in self.finished:
-                    yield rid  # paused, waiting for a promotion
-
     # ---- state -----------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         return {

@@ -5,17 +5,23 @@ or with ``proposals: random``, every trial's hyperparameters are sampled at rand
 before (the same draws from the same seeded RNG).
 
 With ``proposals: model`` each new trial is proposed like this (BOHB's rule for which results to
-fit, Optuna's constant liar for trials in flight):
+fit; no liar for trials in flight, as in BOHB and Optuna's default ``TPESampler``):
 
 1. The results are grouped by rung *length* (total units trained), across every bracket of an
    ``adaptive_asha`` search, so one model learns from all brackets.
 2. The model is fitted to the longest length with at least ``d + 2`` results (``d``: the number of
    non-constant hyperparameters). Until some length has that many, and for a ``RANDOM_FRACTION`` of
    the proposals after that (exploration, as BOHB does), the trial is sampled at random.
-3. Trials that have no result at that length but may still get one (running, or paused waiting
-   for a promotion) are added to the bad side of the model: the constant liar, so that ``W``
-   proposals made while ``W`` trials run do not pile onto one point.
-4. ``searcher.tpe.propose`` returns the candidate with the best density ratio.
+3. ``searcher.tpe.propose`` returns the candidate with the best density ratio. Trials that have no
+   result at that length yet are left out. An earlier version added them to the bad side (a
+   constant liar: running trials, and trials paused waiting for a promotion), but with
+   ``promotion: pause`` almost every trial ever created is paused at some lower rung, so hundreds
+   of liars swamped the few dozen real results at the top rung: the bad density became the
+   proposal density itself and pushed new proposals away from where the model had been
+   proposing, i.e. away from the good region (issue 40: worse than random proposals on the
+   learning-curve problems). Lying only about running trials (at most ``W``) was still worse than
+   no liar on the tuning seeds; W concurrent proposals stay diverse because each draws its own
+   candidates from the good density (and 10 % are random).
 
 The numpy generator of each proposal is seeded from the experiment's seeded RNG, and the model is
 fitted again from the algorithm's state at every proposal: the rungs (already in the snapshot) and
@@ -42,14 +48,10 @@ RANDOM_FRACTION = 0.1
 
 
 class RungSource(Protocol):
-    """What a bracket shows the model: its results and its trials that may still report."""
+    """What a bracket shows the model: its results."""
 
     def model_results(self) -> Iterator[tuple[int, str, float]]:
         """(length, request id, metric) for every result recorded at every rung."""
-        ...
-
-    def model_alive(self) -> Iterator[str]:
-        """Request ids of trials running towards a rung or paused waiting for a promotion."""
         ...
 
 
@@ -71,8 +73,8 @@ class ModelProposals:
         self.x[create.request_id] = tpe.encode(self.dims, create.hparams)
         return create
 
-    def fit_data(self) -> tuple[tpe.Array, tpe.Array, tpe.Array] | None:
-        """(points, values, liars) of the longest length with enough results, or None."""
+    def fit_data(self) -> tuple[tpe.Array, tpe.Array] | None:
+        """(points, values) of the longest length with enough results, or None."""
         by_length: dict[int, list[tuple[str, float]]] = {}
         for source in self.sources:
             for length, rid, metric in source.model_results():
@@ -81,13 +83,9 @@ class ModelProposals:
         if not eligible:
             return None
         results = by_length[max(eligible)]
-        seen = {rid for rid, _ in results}
-        alive = sorted({rid for source in self.sources for rid in source.model_alive()} - seen)
-        d = len(self.dims)
-        points = np.array([self.x[rid] for rid, _ in results], dtype=float).reshape(-1, d)
+        points = np.array([self.x[rid] for rid, _ in results], dtype=float).reshape(-1, len(self.dims))
         values = np.array([metric for _, metric in results], dtype=float)
-        liars = np.array([self.x[rid] for rid in alive if rid in self.x], dtype=float).reshape(-1, d)
-        return points, values, liars
+        return points, values
 
     def _propose(self, ctx: Context) -> dict[str, Any] | None:
         if not self.dims:
@@ -95,9 +93,9 @@ class ModelProposals:
         data = self.fit_data()
         if data is None or ctx.rng.random() < RANDOM_FRACTION:
             return None
-        points, values, liars = data
+        points, values = data
         gen = np.random.default_rng(ctx.rng.getrandbits(64))
-        x = tpe.propose(self.ks, points, values, liars, gen)
+        x = tpe.propose(self.ks, points, values, np.zeros((0, len(self.dims))), gen)
         return tpe.decode(self.space, self.dims, [float(v) for v in x])
 
     def get_state(self) -> dict[str, Any]:

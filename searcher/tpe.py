@@ -11,8 +11,7 @@ per observation, plus a uniform prior component of weight one. Continuous dimens
 truncated to [0, 1] with Scott's bandwidth (``std · n^(-1/(d+4))``, at least ``MIN_BANDWIDTH``);
 categorical ones an Aitchison-Aitken kernel. ``N_CANDIDATES`` points are drawn from the good
 density ``l`` and the one with the largest ``log l(x) - log g(x)`` is returned. Extra points in
-``liars`` join the bad side (a constant liar: trials still running or paused count as bad results
-until they report).
+``liars`` join the bad side (a constant liar); ``searcher.proposals`` passes none (see there why).
 
 Everything random comes from the ``numpy.random.Generator`` passed in, so a proposal is a function
 of the observations and that generator's seed.
@@ -139,7 +138,7 @@ class _Mixture:
     centers: Array
     sigma: Array  # (d,) bandwidth of each continuous dimension
     cat_keep: Array  # (d,) probability that a categorical kernel keeps its centre's category
-    log_norm: Array  # (n, d) log of each truncated Gaussian's mass inside [0, 1]
+    offset: Array  # (n,) each kernel's log normaliser, summed over the continuous dimensions
 
 
 def _mixture(centers: Array, ks: Sequence[int]) -> _Mixture:
@@ -151,33 +150,42 @@ def _mixture(centers: Array, ks: Sequence[int]) -> _Mixture:
     karr = np.array([max(k, 1) for k in ks], dtype=float)
     eps = np.clip(factor, 0.05, 1.0) * (karr - 1) / karr
     cat_keep = 1.0 - eps
-    cont = np.array([k == 0 for k in ks])
-    mass = _cdf((1.0 - centers) / sigma) - _cdf(-centers / sigma)
-    log_norm = np.where(cont, np.log(np.maximum(mass, 1e-300)), 0.0)
-    return _Mixture(centers, sigma, cat_keep, log_norm)
+    offset = np.zeros(n)
+    for j, k in enumerate(ks):
+        if k == 0:  # log of the truncated Gaussian's mass inside [0, 1], and of its scale
+            c = centers[:, j]
+            mass = _cdf((1.0 - c) / sigma[j]) - _cdf(-c / sigma[j])
+            offset -= np.log(np.maximum(mass, 1e-300)) + math.log(sigma[j] * math.sqrt(2.0 * math.pi))
+    return _Mixture(centers, sigma, cat_keep, offset)
 
 
 def _log_density(mix: _Mixture, ks: Sequence[int], x: Array) -> Array:
     """log of the mixture density at each row of ``x`` (m × d).
 
-    Accumulated one dimension at a time on (m × n) arrays, elementwise only (no BLAS, whose
-    summation order may depend on threads), so the result is the same on every run."""
+    Accumulated one dimension at a time on one (m × n) array, in place and elementwise only (no
+    BLAS, whose summation order may depend on threads), so the result is the same on every run."""
     n = mix.centers.shape[0]
-    per_kernel = np.zeros((x.shape[0], n))
+    acc = np.empty((x.shape[0], n))
+    acc[:] = mix.offset
+    diff = np.empty_like(acc)
     log_prior = 0.0
     for j, k in enumerate(ks):
         if k == 0:
-            z = (x[:, j, None] - mix.centers[None, :, j]) / mix.sigma[j]
-            per_kernel -= 0.5 * z * z
-            per_kernel -= mix.log_norm[None, :, j] + math.log(mix.sigma[j] * math.sqrt(2.0 * math.pi))
+            scale = 1.0 / (mix.sigma[j] * math.sqrt(2.0))  # 0.5 z² = (x·scale - c·scale)²
+            np.subtract((x[:, j] * scale)[:, None], (mix.centers[:, j] * scale)[None, :], out=diff)
+            np.square(diff, out=diff)
+            acc -= diff
         elif k > 1:
-            same = x[:, j, None] == mix.centers[None, :, j]
             keep = float(mix.cat_keep[j])
-            per_kernel += np.where(same, math.log(keep), math.log((1.0 - keep) / (k - 1)))
+            move, stay = math.log((1.0 - keep) / (k - 1)), math.log(keep)
+            acc += move
+            acc += np.equal(x[:, j, None], mix.centers[None, :, j]) * (stay - move)
             log_prior -= math.log(k)
-    terms = np.concatenate([per_kernel, np.full((x.shape[0], 1), log_prior)], axis=1)
-    top = terms.max(axis=1, keepdims=True)
-    result: Array = (top[:, 0] + np.log(np.exp(terms - top).sum(axis=1))) - math.log(n + 1)
+    top = np.maximum(acc.max(axis=1, initial=-math.inf), log_prior)
+    acc -= top[:, None]
+    np.exp(acc, out=acc)
+    total = acc.sum(axis=1) + np.exp(log_prior - top)
+    result: Array = top + np.log(total) - math.log(n + 1)
     return result
 
 
