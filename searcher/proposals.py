@@ -45,6 +45,8 @@ from searcher.base import Context
 
 PROPOSALS = ("random", "model")
 RANDOM_FRACTION = 0.1
+MIN_RESULTS_PER_DIM = 1
+MIN_RESULTS_EXTRA = 2  # fit a length with at least d + this many results
 
 
 class RungSource(Protocol):
@@ -62,7 +64,7 @@ class ModelProposals:
         self.space = space
         self.dims = tpe.dimensions(space)
         self.ks = [dim.k for dim in self.dims]
-        self.min_results = len(self.dims) + 2
+        self.min_results = len(self.dims) * MIN_RESULTS_PER_DIM + MIN_RESULTS_EXTRA
         self.sources: list[RungSource] = []
         self.x: dict[str, list[float]] = {}
 
