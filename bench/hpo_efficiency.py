@@ -364,7 +364,7 @@ def _fmt_interval(values: np.ndarray, lo_pct: float, hi_pct: float) -> str:
 OURS = [m for m in METHODS if m.startswith("adaptive_asha")]
 OPTUNA = [m for m in METHODS if m.startswith("optuna")]
 CACHE = Path(__file__).resolve().parent / "results" / "hpo_cells"  # not in git (.gitignore)
-MODEL_VERSION = "no-liar"  # issue 40: the model without the constant liar
+MODEL_VERSION = "bohb-style"  # issue 40: no liar; d + 1 results, 1/3 random, sampling bandwidth × 3
 
 
 def cell_path(job: Job) -> Path:

@@ -152,14 +152,19 @@ def test_model_proposals_start_once_a_rung_has_enough_results(method: str) -> No
 
 
 def test_model_proposals_learn() -> None:
-    """Over several seeds, model proposals land nearer the optimum than random samples do."""
+    """Over several seeds, model proposals land nearer the optimum than random samples do (a third of
+    a model search's later trials are random on purpose: they are left out of the comparison), and
+    the model search's later trials as a whole do too."""
     bowl = Bowl()
-    model, rand = [], []
+    model, mixed, rand = [], [], []
     for seed in range(4):
-        for proposals, out in (("model", model), ("random", rand)):
+        for proposals, out in (("model", mixed), ("random", rand)):
             creates = [a for a in run(asha(proposals), seed=seed) if isinstance(a, Create)]
             out += [bowl.target(c.hparams) for c in creates[20:]]
-    assert np.mean(model) < 0.75 * np.mean(rand)
+            if proposals == "model":
+                model += [bowl.target(c.hparams) for c in creates[20:] if c.proposal == "model"]
+    assert np.mean(model) < 0.7 * np.mean(rand)
+    assert np.mean(mixed) < 0.85 * np.mean(rand)
 
 
 def test_encode_decode_round_trip() -> None:
