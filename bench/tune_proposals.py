@@ -30,7 +30,7 @@ from _hpo_goals import iqm, speedup
 
 from searcher import proposals, tpe
 
-_OLD = {  # the model before the BOHB-style settings (commit f9a97e1)
+_OLD = {  # the model before the BOHB-style settings (commit 257dd05)
     "proposals.RANDOM_FRACTION": 0.1,
     "proposals.MIN_RESULTS_EXTRA": 2,
     "tpe.SAMPLE_BANDWIDTH_FACTOR": 1.0,
