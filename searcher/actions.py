@@ -45,6 +45,9 @@ class Create:
     request_id: str
     hparams: Mapping[str, Any]
     trial_seed: int
+    proposal: str = "random"
+    """Where the hyperparameters came from: ``random`` (sampled), ``model`` (``proposals: model``,
+    ``searcher.proposals``), ``grid`` (a grid point) or ``given`` (any other method's own choice)."""
 
 
 @dataclass(frozen=True)
@@ -105,5 +108,5 @@ def action_from_dict(data: Mapping[str, Any]) -> Action:
 def describe(action: Action) -> str:
     """One short line for logs."""
     if isinstance(action, Create):
-        return f"Create({action.request_id[:8]}, seed={action.trial_seed})"
+        return f"Create({action.request_id[:8]}, seed={action.trial_seed}, proposal={action.proposal})"
     return repr(action)

@@ -19,7 +19,8 @@ Determined, so each bracket gets worker time in proportion to its share of ``max
 
 Each bracket is an ``async_halving`` search (``asha.py``); ``promotion`` (``pause`` by default, or
 ``continue`` = Determined's ``stop_once: true``) applies to all brackets. Events go to the bracket
-that created the trial; progress is the brackets' mean.
+that created the trial; progress is the brackets' mean. With ``proposals: model`` the brackets share
+one proposal model (``proposals.py``), which learns from the results of all of them.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from searcher import hparams
 from searcher.actions import Create, ExitedReason
 from searcher.asha import AsyncHalving
 from searcher.base import Algorithm, Context, Op
 from searcher.config import SearcherConfig
+from searcher.proposals import ModelProposals
 
 
 def capped_max_rungs(max_rungs: int, max_length: int, max_trials: int, divisor: float) -> int:
@@ -90,14 +93,19 @@ def brackets_for(config: SearcherConfig) -> list[Bracket]:
 class AdaptiveASHA(Algorithm):
     name = "adaptive_asha"
 
-    def __init__(self, config: SearcherConfig) -> None:
+    def __init__(self, config: SearcherConfig, space: hparams.Space | None = None) -> None:
         self.brackets = brackets_for(config)
+        self.model: ModelProposals | None = None
+        if config.proposals == "model":
+            assert space is not None, "proposals: model needs the hyperparameter space"
+            self.model = ModelProposals(space)  # one model for all brackets
         self.subs = [
             AsyncHalving(
                 config,
                 num_rungs=b.num_rungs,
                 max_trials=b.max_trials,
                 max_concurrent_trials=b.max_concurrent_trials,
+                model=self.model,
             )
             for b in self.brackets
         ]
@@ -138,9 +146,12 @@ class AdaptiveASHA(Algorithm):
         return {
             "brackets": [sub.get_state() for sub in self.subs],
             "owner": [[rid, i] for rid, i in self.owner.items()],
+            **({"model": self.model.get_state()} if self.model is not None else {}),
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         for sub, sub_state in zip(self.subs, state["brackets"], strict=True):
             sub.set_state(sub_state)
         self.owner = {str(rid): int(i) for rid, i in state["owner"]}
+        if self.model is not None:
+            self.model.set_state(state["model"])

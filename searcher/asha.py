@@ -33,12 +33,14 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+from searcher import hparams
 from searcher.actions import ExitedReason
 from searcher.base import WORST_METRIC, Algorithm, Context, Op, pause, resume, stop, validate_after
 from searcher.config import SearcherConfig
+from searcher.proposals import ModelProposals
 
 # One rung's results, sorted by metric: [request_id, metric, promoted].
 Entry = list[Any]
@@ -114,7 +116,10 @@ class AsyncHalving(Algorithm):
         num_rungs: int | None = None,
         max_trials: int | None = None,
         max_concurrent_trials: int | None = None,
+        space: hparams.Space | None = None,
+        model: ModelProposals | None = None,
     ) -> None:
+        """``proposals: model`` needs the ``space``, or a ``model`` shared with other brackets."""
         assert config.max_length is not None
         self.num_rungs = num_rungs if num_rungs is not None else config.num_rungs
         self.max_trials = max_trials if max_trials is not None else config.max_trials
@@ -130,10 +135,17 @@ class AsyncHalving(Algorithm):
         self.finished: set[str] = set()  # stopped or exited
         self.invalid = 0
         self.completed = 0
+        self.owns_model = model is None and config.proposals == "model"
+        if self.owns_model:
+            assert space is not None, "proposals: model needs the hyperparameter space"
+            model = ModelProposals(space)
+        self.model = model
+        if model is not None:
+            model.sources.append(self)
 
     # ---- helpers --------------------------------------------------------------------------------
     def _create(self, ctx: Context) -> list[Op]:
-        create = ctx.create()
+        create = self.model.create(ctx) if self.model is not None else ctx.create()
         self.trial_rung[create.request_id] = 0
         self.awaiting.add(create.request_id)
         return [create, validate_after(create.request_id, self.lengths[0])]
@@ -243,6 +255,12 @@ class AsyncHalving(Algorithm):
     def progress(self, units: Mapping[str, int], closed: set[str], invalid: set[str]) -> float:
         return asha_progress(len(self.rungs[0]), self.completed - self.invalid, self.max_trials)
 
+    # ---- what the proposal model sees -----------------------------------------------------------
+    def model_results(self) -> Iterator[tuple[int, str, float]]:
+        for length, entries in zip(self.lengths, self.rungs, strict=True):
+            for rid, metric, _ in entries:
+                yield length, rid, metric
+
     # ---- state -----------------------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         return {
@@ -253,6 +271,7 @@ class AsyncHalving(Algorithm):
             "finished": sorted(self.finished),
             "invalid": self.invalid,
             "completed": self.completed,
+            **({"model": self.model.get_state()} if self.owns_model and self.model is not None else {}),
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -263,6 +282,8 @@ class AsyncHalving(Algorithm):
         self.finished = set(state["finished"])
         self.invalid = int(state["invalid"])
         self.completed = int(state["completed"])
+        if self.owns_model and self.model is not None:
+            self.model.set_state(state["model"])
 
 
 def max_rungs_that_fit(max_length: int, divisor: float) -> int:

@@ -67,11 +67,17 @@ class Context:
         self.rng = rng
         self.space = space
 
-    def create(self, sample: Mapping[str, Any] | None = None) -> Create:
-        """A new trial request: hyperparameters (sampled unless given), request id, trial seed."""
+    def create(self, sample: Mapping[str, Any] | None = None, proposal: str = "given") -> Create:
+        """A new trial request: hyperparameters (sampled unless given), request id, trial seed.
+        ``proposal`` names where a given sample came from (a sampled one is ``random``)."""
         hp = dict(sample) if sample is not None else hparams.sample(self.space, self.rng)
         request_id = str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
-        return Create(request_id=request_id, hparams=hp, trial_seed=self.rng.randrange(2**31))
+        return Create(
+            request_id=request_id,
+            hparams=hp,
+            trial_seed=self.rng.randrange(2**31),
+            proposal=proposal if sample is not None else "random",
+        )
 
 
 class Algorithm(ABC):
@@ -121,7 +127,10 @@ class _Trial:
 
 
 def config_digest(config: SearcherConfig, space: hparams.Space) -> str:
-    blob = json.dumps([repr(config), repr(space)], sort_keys=True)
+    parts = [repr(config), repr(space)]
+    if config.proposals != "random":
+        parts.append(f"proposals={config.proposals}")  # so that snapshots of earlier searches still match
+    blob = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -9,12 +9,13 @@ experiment config belongs to the config package, not here.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 METHODS = ("single", "random", "grid", "adaptive_asha", "async_halving")
 MODES = ("aggressive", "standard", "conservative")
 PROMOTIONS = ("pause", "continue")
+PROPOSALS = ("random", "model")
 
 _DEFAULT_MAX_CONCURRENT = 16
 _DEFAULT_DIVISOR = 4.0
@@ -36,6 +37,9 @@ class SearcherConfig:
     num_rungs: int = 0
     bracket_rungs: tuple[int, ...] = ()
     promotion: str = "pause"
+    proposals: str = field(default="random", repr=False)
+    """Our key: ``random`` (Determined's sampling) or ``model`` (``searcher.proposals``). Left out of
+    ``repr`` so that the config digest of a search without it is what it always was."""
 
     @property
     def stop_once(self) -> bool:
@@ -90,6 +94,20 @@ def _promotion(cfg: Mapping[str, Any]) -> str:
     return str(promotion)
 
 
+def _proposals(cfg: Mapping[str, Any], name: str) -> str:
+    proposals = cfg.get("proposals")
+    if proposals is None:
+        return "random"
+    if proposals not in PROPOSALS:
+        raise ValueError(f"searcher.proposals: expected one of {PROPOSALS}, got {proposals!r}")
+    if proposals == "model" and name not in ("adaptive_asha", "async_halving"):
+        raise ValueError(
+            f"searcher.proposals: 'model' needs adaptive_asha or async_halving, not {name!r} "
+            "(it learns from the results at ASHA's rungs)"
+        )
+    return str(proposals)
+
+
 def parse_searcher_config(cfg: Mapping[str, Any]) -> SearcherConfig:
     name = cfg.get("name")
     if name not in METHODS:
@@ -127,4 +145,5 @@ def parse_searcher_config(cfg: Mapping[str, Any]) -> SearcherConfig:
         num_rungs=num_rungs,
         bracket_rungs=tuple(int(b) for b in brackets),
         promotion=_promotion(cfg),
+        proposals=_proposals(cfg, str(name)),
     )

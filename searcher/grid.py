@@ -31,7 +31,7 @@ class GridSearch(Algorithm):
         self.next_point = 0
 
     def _create(self, ctx: Context) -> list[Op]:
-        create = ctx.create(hparams.grid_point(self.space, self.next_point, self.axes))
+        create = ctx.create(hparams.grid_point(self.space, self.next_point, self.axes), proposal="grid")
         self.next_point += 1
         if self.max_length is None:
             return [create]

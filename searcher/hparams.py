@@ -223,3 +223,17 @@ def check_for_method(config: SearcherConfig, space: Space) -> None:
     if config.name == "grid":
         for path, param in _leaves(space):
             grid_values(param, ".".join(path))
+
+
+def leaves(space: Space) -> Iterator[tuple[tuple[str, ...], Param]]:
+    """Every leaf's path and parameter, sorted depth-first (the order samples are drawn in)."""
+    return _leaves(space)
+
+
+def skeleton(space: Space) -> dict[str, Any]:
+    """A sample's nested groups, empty."""
+    return _skeleton(space)
+
+
+def set_path(out: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    _set(out, path, value)

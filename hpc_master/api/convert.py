@@ -159,6 +159,7 @@ def trial_to_api(
         "restarts": trial.restarts,
         "hparams": redact.shown(trial.hparams, viewer, owner_id),
         "seed": trial.seed,
+        "proposal": trial.proposal,  # ours: random | model | grid | given (searcher.proposals)
         "totalBatchesProcessed": trial.steps_completed,
         "stepsCompleted": trial.steps_completed,
         "latestCheckpointUuid": trial.latest_checkpoint,

@@ -310,7 +310,11 @@ def _describe(args: argparse.Namespace) -> int:
         )
     )
     print()
-    print_table(TRIAL_HEADERS, [trial_row(t) for t in trials])
+    if _model_proposals(e, trials):
+        # Where each trial's hyperparameters came from (`proposals: model`): the model, or a random sample.
+        print_table([*TRIAL_HEADERS, "Proposal"], [[*trial_row(t), t.get("proposal") or ""] for t in trials])
+    else:
+        print_table(TRIAL_HEADERS, [trial_row(t) for t in trials])
     waiting = _waiting_trials(session, trials)
     if waiting:
         print()
@@ -318,6 +322,13 @@ def _describe(args: argparse.Namespace) -> int:
         for trial_id, text in waiting:
             print(f"  trial {trial_id}: {text}")
     return 0
+
+
+def _model_proposals(e: dict[str, Any], trials: list[dict[str, Any]]) -> bool:
+    config = e.get("config")
+    searcher = config.get("searcher") if isinstance(config, dict) else None
+    wanted = isinstance(searcher, dict) and searcher.get("proposals") == "model"
+    return wanted or any(t.get("proposal") == "model" for t in trials)
 
 
 def _resources(e: dict[str, Any]) -> dict[str, Any]:

@@ -125,6 +125,8 @@ class TrialModel(Base):
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
     request_id: Mapped[str] = mapped_column(String(64))
     hparams: Mapped[dict[str, Any]] = mapped_column(JSON)
+    proposal: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    """Where the hyperparameters came from: the searcher's ``Create.proposal`` (``random``, ``model``, ...)."""
     seed: Mapped[int] = mapped_column(BigInteger, default=0)
     state: Mapped[str] = mapped_column(String(32), index=True)
     restarts: Mapped[int] = mapped_column(Integer, default=0)

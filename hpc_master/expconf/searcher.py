@@ -21,6 +21,10 @@ ASHA / async_halving need one of the two forms (not both); single/random/grid ac
 continue``); giving both with different meanings is an error. Default when neither is given: ``pause`` for the
 <= 0.37 ``max_length`` form (Determined's default there was ``stop_once: false``) and ``continue`` for the 0.38
 ``time_metric`` form (as Determined 0.38 behaves). After parsing both fields are always set.
+
+**Our extension, ``proposals: random | model``** (adaptive_asha and async_halving): where new trials'
+hyperparameters come from. ``random`` (the default, Determined's behaviour) samples them; ``model``
+proposes them with a TPE density model fitted to the results at the rungs so far (``searcher.proposals``).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ REJECTED_SEARCHERS = {
 }
 
 Promotion = Literal["pause", "continue"]
+Proposals = Literal["random", "model"]
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
@@ -99,6 +104,7 @@ class _HalvingBase(_SearcherBase):
     max_time: PositiveInt | None = None
     stop_once: bool | None = None
     promotion: Promotion | None = None
+    proposals: Proposals | None = None  # None: random (left out of the dict, as Determined has no such key)
 
     @model_validator(mode="after")
     def _check_form(self) -> Any:

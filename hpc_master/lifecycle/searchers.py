@@ -236,7 +236,12 @@ def _apply(
         applied += 1
         if isinstance(action, Create):
             trial = svc.create_trial(
-                session, experiment.id, action.request_id, dict(action.hparams), seed=action.trial_seed
+                session,
+                experiment.id,
+                action.request_id,
+                dict(action.hparams),
+                seed=action.trial_seed,
+                proposal=action.proposal,
             )
             trials[trial.id] = trial
             queue += hosted.method.on_trial_created(action.request_id, trial.id)

@@ -128,7 +128,12 @@ def request_checkpoint_gc(session: Session, experiment_id: int) -> None:
 
 
 def create_trial(
-    session: Session, experiment_id: int, request_id: str, hparams: dict[str, Any], seed: int = 0
+    session: Session,
+    experiment_id: int,
+    request_id: str,
+    hparams: dict[str, Any],
+    seed: int = 0,
+    proposal: str | None = None,
 ) -> TrialModel:
     """Create a trial for a searcher ``Create`` action; idempotent on (experiment, request_id)."""
     existing = session.scalar(
@@ -145,6 +150,7 @@ def create_trial(
         experiment_id=experiment_id,
         request_id=request_id,
         hparams=hparams,
+        proposal=proposal,
         seed=seed,
         state=TrialState.ACTIVE,
     )

@@ -262,3 +262,53 @@ def test_activating_a_pausing_experiment_keeps_or_resubmits_its_trial(
         )
         assert r.json() == {"preempt": False}
         assert _job_exits_cleanly(sessions, trial.id) == ("SEARCHER_DONE", False)
+
+
+MODEL_ASHA = """\
+entrypoint: python3 train.py
+reproducibility: {experiment_seed: 7}
+searcher:
+  name: async_halving
+  metric: validation_loss
+  max_trials: 10
+  max_concurrent_trials: 2
+  num_rungs: 2
+  divisor: 2
+  max_length: {batches: 100}
+  proposals: model
+hyperparameters:
+  lr: {type: double, minval: 0.001, maxval: 0.1}
+"""
+
+
+def test_model_proposals_are_recorded_with_each_trial_and_shown_by_the_api(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    """`proposals: model` (issue 40): the first trials are sampled, later ones proposed by the model, and each
+    trial row (and the API's trial) says which. The master rebuilds the search from its snapshot at every
+    pass, so every proposal here was made by a restored searcher."""
+    headers = login(client)
+    exp_id = _create(client, headers, MODEL_ASHA)
+    _drive(sessions, exp_id)
+    reported: set[tuple[int, int]] = set()
+    for _ in range(40):
+        pending = [
+            t for t in _trials(sessions, exp_id)
+            if t.state == "ACTIVE" and t.searcher_op_length and (t.id, t.searcher_op_length) not in reported
+        ]  # fmt: skip
+        if not pending:
+            break
+        t = pending[0]
+        assert t.searcher_op_length is not None
+        reported.add((t.id, t.searcher_op_length))
+        _validate(client, headers, t.id, t.searcher_op_length, (t.hparams["lr"] - 0.03) ** 2)
+        _drive(sessions, exp_id)
+        _drive(sessions, exp_id)  # closings, and what they lead to
+    trials = _trials(sessions, exp_id)
+    assert len(trials) == 10
+    kinds = [t.proposal for t in trials]
+    assert kinds[:3] == ["random"] * 3  # nothing to learn from yet (one hyperparameter: 3 results needed)
+    assert "model" in kinds and set(kinds) <= {"random", "model"}
+    assert all(0.001 <= t.hparams["lr"] <= 0.1 for t in trials)
+    listed = client.get(f"/api/v1/experiments/{exp_id}/trials", headers=headers).json()["trials"]
+    assert [t["proposal"] for t in listed] == kinds

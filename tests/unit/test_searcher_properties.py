@@ -65,6 +65,9 @@ def searcher_configs(draw: st.DrawFn) -> dict[str, Any]:
         cfg["num_rungs"] = num_rungs
     if name in ("async_halving", "adaptive_asha"):
         cfg["promotion"] = draw(st.sampled_from(["pause", "continue"]))
+        proposals = draw(st.sampled_from([None, "random", "model"]))
+        if proposals is not None:
+            cfg["proposals"] = proposals
     if name == "adaptive_asha":
         cfg["mode"] = draw(st.sampled_from(["aggressive", "standard", "conservative"]))
         cfg["max_rungs"] = draw(st.integers(1, 5))
