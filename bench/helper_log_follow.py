@@ -110,9 +110,11 @@ def accounts() -> Iterator[tuple[pwd.struct_passwd, pwd.struct_passwd]]:
 
 def build(tmp: Path, svc: pwd.struct_passwd, alice: pwd.struct_passwd) -> tuple[Path, Path, Path, Path]:
     """The database (the service account's), the researcher's live log, the job and checkpoint roots."""
+    from sqlalchemy import select
+
     from hpc_master.db.engine import make_engine, make_sessionmaker, transaction
     from hpc_master.db.migrate import upgrade_to_head
-    from hpc_master.db.models import UserModel
+    from hpc_master.db.models import LogFileModel, TrialRunModel, UserModel
     from hpc_master.services.lifecycle import allocate_trial_run
     from tests.webui.seed import seed_experiment, seed_user
 
@@ -134,7 +136,10 @@ def build(tmp: Path, svc: pwd.struct_passwd, alice: pwd.struct_passwd) -> tuple[
         s.get(UserModel, owner).unix_username = RESEARCHER  # type: ignore[union-attr]
         seed_user(s, "bob", PASSWORD)
         seed_experiment(s, owner, name="follow", trials=1, points=10, state="ACTIVE")
-        allocate_trial_run(s, 1, log_path=str(log))
+        run = s.scalars(select(TrialRunModel).where(TrialRunModel.trial_id == 1)).first()
+        if run is None:
+            run = allocate_trial_run(s, 1)
+        s.add(LogFileModel(trial_run_id=run.id, path=str(log)))
     engine.dispose()
     for p in (data, *data.iterdir()):
         os.chown(p, svc.pw_uid, svc.pw_gid)
