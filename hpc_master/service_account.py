@@ -91,16 +91,19 @@ def become(identity: Identity, writable: list[Path]) -> None:
             "`det-master --print-sudoers` to serve without root (docs/admin.md)", DEFAULT_ACCOUNT,
         )  # fmt: skip
         return
-    if not identity.switch:
-        return
+    if not identity.acts_for_users:
+        return  # a personal master
     assert identity.account is not None
     if _no_new_privileges():
         raise ConfigError(
             f"the master would serve as {identity.account!r}, but the no-new-privileges flag is set (the systemd "
-            "unit's NoNewPrivileges=yes): sudo could not run the per-user helper. Add a drop-in with "
-            "NoNewPrivileges=no (docs/admin.md, A service account)",
+            "unit's NoNewPrivileges=yes): sudo could not run the per-user helper. Add the drop-in of "
+            "docs/admin.md (A service account: User=, NoNewPrivileges=no)",
             field="service_account",
         )
+    if not identity.switch:
+        log.info("serving as the service account %s; users' work goes through sudo", identity.account)
+        return
     pw = pwd.getpwnam(identity.account)
     os.initgroups(pw.pw_name, pw.pw_gid)
     os.setresgid(pw.pw_gid, pw.pw_gid, pw.pw_gid)

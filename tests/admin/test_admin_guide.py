@@ -51,8 +51,6 @@ MARKS = {("test",), ("test", "researcher"), ("test", "researcher", "bob"), ("man
 MANUAL = {
     "python3 -m venv /opt/hpc-det/.venv": "installs the software (the test runs the checkout it is in)",
     "git -C /opt/hpc-det pull": "updates the software",
-    "useradd --system --home-dir /var/lib/hpc-det --shell /usr/sbin/nologin hpc-det": "creates a system account and a "
-    "sudoers rule (tests/e2e/test_service_account.py runs the same steps on its own account)",
 }
 """The first line of each ``bash manual`` block, and why a test does not run it."""
 IMAGE = "docker://pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime"
@@ -60,6 +58,8 @@ CA_FILE = "/usr/local/share/ca-certificates/hpc-det.crt"
 SHARED_TEST_ROOT = Path(os.environ.get("DET_TEST_SHARED_DIR", "/var/tmp/hpc-det-tests"))
 BOB = "detguidebob"
 """The page's second researcher: a Unix account made for the test (the page adds its Slurm association)."""
+SERVICE, USERS = "detguidesvc", "detguideusers"
+"""The page's service account ``hpc-det`` and group ``hpc-det-users``, made by the page under these names."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,7 @@ class Scratch:
             ("/shared/hpc-det", str(self.root / "shared")),
             ("/var/lib/hpc-det/master", str(self.unit_root / "var" / "lib" / "hpc-det" / "master")),
             ("/var/backups/hpc-det", str(self.root / "backups")),
+            ("/etc/sudoers.d/hpc-det", self.sudoers),
             (CA_FILE, self.ca_file),
             ("DNS:det.example.org", f"IP:{self.host}"),
             ("det.example.org:8443", f"{self.host}:{self.port}"),
@@ -138,9 +139,16 @@ class Scratch:
             (IMAGE, self.image_url),
         ]
 
+    @property
+    def sudoers(self) -> str:
+        return f"/etc/sudoers.d/hpc-det-admin-guide-{self.id}"
+
     def apply(self, block: str) -> str:
         for old, new in self.substitutions():
             block = block.replace(old, new)
+        # The account and the group, not the paths that carry the same words.
+        block = re.sub(r"(?<![\w/.-])hpc-det-users(?![\w/.-])", USERS, block)
+        block = re.sub(r"(?<![\w/.-])hpc-det(?![\w/.-])", SERVICE, block)
         block = re.sub(r"\balice\b", self.researcher.pw_name, block)
         return re.sub(r"\bbob\b", self.bob.pw_name, block)
 
@@ -245,6 +253,9 @@ def cleanup(scratch: Scratch, env: dict[str, str]) -> None:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         conn.execute(text(f'DROP ROLE IF EXISTS "{scratch.db_name}"'))
     admin.dispose()
+    Path(scratch.sudoers).unlink(missing_ok=True)
+    subprocess.run(["userdel", SERVICE], capture_output=True, check=False, timeout=60)
+    subprocess.run(["groupdel", USERS], capture_output=True, check=False, timeout=60)
     if os.path.exists(scratch.ca_file):
         os.unlink(scratch.ca_file)
         subprocess.run(["update-ca-certificates"], capture_output=True, check=False, timeout=120)
@@ -267,6 +278,8 @@ def test_the_admin_guide_runs_from_scratch_to_two_researchers_experiments(
     require(shutil.which("update-ca-certificates") is not None, "update-ca-certificates")
     pg_url = pg_server_url()
     researcher = pwd.getpwnam(os.environ.get("DET_TEST_USER", "researcher"))
+    subprocess.run(["userdel", SERVICE], capture_output=True, check=False, timeout=60)  # an earlier run's,
+    subprocess.run(["groupdel", USERS], capture_output=True, check=False, timeout=60)  # killed before cleanup
     scratch_id = uuid.uuid4().hex[:8]
     SHARED_TEST_ROOT.mkdir(parents=True, exist_ok=True)
     root = SHARED_TEST_ROOT / f"admin-guide-{scratch_id}"
@@ -312,13 +325,22 @@ def test_the_admin_guide_runs_from_scratch_to_two_researchers_experiments(
         log = journal.read_text(errors="replace")[-3000:] if journal.exists() else ""
         assert proc.returncode == 0, f"{output[-6000:]}\n--- the master's journal:\n{log}"
         print(f"{output}\ndocs/admin.md ran in {time.monotonic() - started:.0f} s")
-        # Each researcher's trial ran as their own account: the run directory is theirs and not the other's.
-        alice_dir, bob_dir = sorted((root / "shared" / "jobs").glob("*/exp-*"), key=lambda p: int(p.name[4:]))
-        assert (alice_dir.parent.name, bob_dir.parent.name) == (researcher.pw_name, bob.pw_name)
-        for exp_dir, account in ((alice_dir, researcher), (bob_dir, bob)):
+        # The master that ran the last experiment serves as the service account: every uid of it, none root.
+        pid = int((scratch.unit_root / "run" / "det-master.service.pid").read_text())
+        uids = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("Uid:"))
+        assert uids.split()[1:] == [str(pwd.getpwnam(SERVICE).pw_uid)] * 4, uids
+        # Each researcher's trials ran as their own account: the run directories are theirs, not the other's;
+        # alice's second one through her helper, from the service account.
+        jobs = root / "shared" / "jobs"
+        alice_exps = sorted((jobs / researcher.pw_name).glob("exp-*"), key=lambda p: int(p.name[4:]))
+        (bob_dir,) = (jobs / bob.pw_name).glob("exp-*")
+        assert len(alice_exps) == 2, alice_exps
+        alice_dir = alice_exps[0]
+        for exp_dir, account in ((alice_exps[0], researcher), (alice_exps[1], researcher), (bob_dir, bob)):
             assert exp_dir.stat().st_uid == account.pw_uid
             logs = list(exp_dir.glob("trial-*/run-*/output.log"))
             assert logs and all(p.stat().st_uid == account.pw_uid for p in logs)
+            assert all(p.lstat().st_uid == account.pw_uid for p in exp_dir.rglob("*")), exp_dir
         peek = subprocess.run(
             ["runuser", "-u", bob.pw_name, "--", "ls", str(alice_dir)], capture_output=True, timeout=60
         )
@@ -336,7 +358,8 @@ def test_the_admin_guide_runs_from_scratch_to_two_researchers_experiments(
             assert conn.execute(text("SELECT state FROM experiments")).scalars().all() == ["COMPLETED"] * 2
         db.dispose()
         assert "ok\n" in output and "********" in output and 'Status: "serving on 0.0.0.0:' in output
-        after_restart = output.rsplit("admin.md", 2)[-2]  # `det experiment list --all` after the restart
+        (upgrade_line,) = [b.line for b in blocks if "det experiment list --all" in b.text]
+        after_restart = sections[str(upgrade_line)]  # `det experiment list --all` after the restart
         assert f"| {researcher.pw_name} " in after_restart and f"| {bob.pw_name} " in after_restart
     finally:
         cleanup(scratch, env)

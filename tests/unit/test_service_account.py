@@ -63,3 +63,17 @@ def test_the_sudoers_rule_names_the_helpers_exact_command_line_and_parses(tmp_pa
         sudoers(config(job_storage_root="/my jobs"), account="x", users_group="y")
     odd = sudoers(config(job_storage_root="/j,obs=1"), account="x", users_group="y")
     assert "--root /j\\,obs\\=1" in odd
+
+
+def test_becoming_nobody_else_changes_nothing_for_a_personal_master_and_refuses_no_new_privileges() -> None:
+    import os
+
+    from hpc_master.service_account import become
+
+    become(Identity(acts_for_users=False), [])  # a personal master: nothing to do, nothing said
+    status = Path("/proc/self/status").read_text()
+    if any(line.split() == ["NoNewPrivs:", "1"] for line in status.splitlines()):
+        with pytest.raises(ConfigError, match="NoNewPrivileges=no"):
+            become(Identity(True, "sudo", "nobody"), [])
+    else:
+        become(Identity(True, "sudo", pwd.getpwuid(os.geteuid()).pw_name), [])  # started as it: no switch

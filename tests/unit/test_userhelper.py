@@ -20,6 +20,7 @@ import pytest
 import userfiles
 from hpc_master.helper_client import SCRIPT, HelperError, HelperSession, encode, helper_command, slurm_runner
 from slurm_backend.cli import SlurmCli
+from tests.conftest import require
 from userhelper.ops import RefusedError, check_slurm_argv
 
 NOBODY = pwd.getpwnam("nobody")
@@ -207,9 +208,9 @@ def test_a_helper_that_does_not_answer_is_killed_at_its_deadline() -> None:
     gone.close()
 
 
+@pytest.mark.root
 def test_the_helper_never_runs_as_root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root")
+    require(os.geteuid() == 0, "root")
     proc = subprocess.run([sys.executable, "-I", SCRIPT, "--root", "/tmp"], input="", capture_output=True,
                           text=True, timeout=30)  # fmt: skip
     assert proc.returncode == 2 and "never runs as root" in proc.stderr
