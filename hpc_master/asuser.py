@@ -115,7 +115,7 @@ class RunFiles:
         return userfiles.exists(self.root, userfiles.relative_parts(self.root, path))
 
     def read_json(
-        self, path: str, *, anchor: str | None = None, owner: JobOwner | None = None
+        self, path: str, *, anchor: str | None = None, owner: JobOwner | None = None, often: bool = False
     ) -> dict[str, Any] | None:
         """A JSON object the job wrote (``exit.json``, ``service.json``); None when there is none or it cannot be
         read: a link, a FIFO or anything but a small regular file included."""
@@ -224,12 +224,14 @@ class HelperRunFiles(RunFiles):
         return bool(self.helper.call(owner.unix, "exists", anchor=self.user_root(owner), path=path)["exists"])
 
     def read_json(
-        self, path: str, *, anchor: str | None = None, owner: JobOwner | None = None
+        self, path: str, *, anchor: str | None = None, owner: JobOwner | None = None, often: bool = False
     ) -> dict[str, Any] | None:
         if owner is None or owner.unix is None:
             return super().read_json(path, anchor=anchor)
         try:
-            call = self.pool.call if self.pool is not None else self.helper.call
+            # A file read again and again (a task's service.json while it starts) goes to the owner's
+            # long-lived helper; a one-off (exit.json) to a helper that ends with the read.
+            call = self.pool.call if often and self.pool is not None else self.helper.call
             value = call(owner.unix, "read_json", anchor=anchor or self.user_root(owner), path=path)["value"]
         except (OSError, ValueError):
             return None

@@ -211,7 +211,7 @@ class HelperPool:
     is one request line to a helper that is already running, not a process. A user's helper serves one
     request at a time; one idle for `idle_s` is ended at the next call."""
 
-    def __init__(self, helper: UserHelper, *, idle_s: float = 60.0) -> None:
+    def __init__(self, helper: UserHelper, *, idle_s: float = 30.0) -> None:
         self.helper = helper
         self.idle_s = idle_s
         self._lock = threading.Lock()

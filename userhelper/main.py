@@ -13,8 +13,8 @@ from userhelper.ops import Helper, RefusedError, errno_of, error_kind
 
 MAX_REQUEST_BYTES = 192 << 20
 """A request's most: a context archive (the master accepts up to 96 MiB) in base64, and its envelope."""
-IDLE_TIMEOUT_S = 600
-"""A helper whose master stopped writing to it (and did not close its input) ends after this long."""
+IDLE_TIMEOUT_S = 120
+"""A helper that got no request for this long ends (its master's pool starts another when it needs one)."""
 
 
 def main(argv: list[str]) -> int:

@@ -398,7 +398,7 @@ def service_address(
     if len(nodes) != 1 or not token:
         return None
     host = nodes[0]
-    info = files.read_json(path, owner=owner)
+    info = files.read_json(path, owner=owner, often=True)
     if info is None:
         return None
     port = info.get("port")

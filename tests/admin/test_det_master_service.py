@@ -8,8 +8,10 @@ from __future__ import annotations
 import base64
 import os
 import re
+import shutil
 import signal
 import sqlite3
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -191,14 +193,18 @@ def test_sigterm_mid_work_exits_0_and_leaves_a_consistent_database(
         if backend == "sqlite"
         else request.getfixturevalue("pg_database")
     )
+    # The job storage where the researcher's helper can reach it (pytest's own tmp_path is root's 0700).
+    jobs = Path(tempfile.mkdtemp(prefix="det-master-service-jobs-", dir="/var/tmp"))
+    jobs.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(jobs, ignore_errors=True))
     env = master_env(
         tmp_path, DET_DB_URL=db_url, DET_REQUIRE_PASSWORDS="1", DET_ADMIN_PASSWORD=ADMIN_PASSWORD,
-        DET_POLL_INTERVAL_S="0.5",
+        DET_POLL_INTERVAL_S="0.5", DET_JOB_STORAGE_ROOT=str(jobs),
     )  # fmt: skip
     port = free_port()
     m = start_master(tmp_path, env=env, module="tests.admin._fake_slurm_master", port=port)
     try:
-        trial_id, run_id, token = start_experiment(m, tmp_path / "jobs")
+        trial_id, run_id, token = start_experiment(m, jobs)
         with httpx.Client(base_url=m.url, timeout=30) as http:
             admin = login(http, "admin", ADMIN_PASSWORD)
         stream = open_log_stream(m.url, trial_id, admin)
