@@ -12,9 +12,11 @@ import functools
 import getpass
 import pwd
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import slurm_backend
-from hpc_master import server
+from hpc_master import helper_client, server
 from slurm_backend.fake import FakeCluster
 
 
@@ -22,6 +24,14 @@ def main() -> int:
     cluster = FakeCluster(master_user=getpass.getuser(), uid=lambda user: pwd.getpwnam(user).pw_uid)
     cluster.auto_schedule = True
     slurm_backend.SlurmCli = functools.partial(slurm_backend.SlurmCli, runner=cluster)  # type: ignore[misc]
+
+    def user_runner(_helper: object) -> Callable[..., Any]:
+        """A command as a user (the per-user helper's, for a master that acts for its users): the fake's
+        ``runuser`` form."""
+        return lambda user, argv, stdin, timeout_s: cluster(["runuser", "-u", user, "--", *argv], stdin,
+                                                             timeout_s, {})  # fmt: skip
+
+    helper_client.slurm_runner = user_runner  # type: ignore[assignment]
     return server.main(sys.argv[1:])
 
 
