@@ -354,8 +354,9 @@ def test_the_admin_guide_runs_from_scratch_to_two_researchers_experiments(
         # Their metrics came back to the master over HTTPS.
         db = create_engine(make_url(pg_url).set(database=scratch.db_name))
         with db.connect() as conn:
-            assert conn.scalar(text("SELECT count(DISTINCT trial_id) FROM metrics")) == 2
-            assert conn.execute(text("SELECT state FROM experiments")).scalars().all() == ["COMPLETED"] * 2
+            # alice's and bob's first, and alice's from the service account
+            assert conn.scalar(text("SELECT count(DISTINCT trial_id) FROM metrics")) == 3
+            assert conn.execute(text("SELECT state FROM experiments")).scalars().all() == ["COMPLETED"] * 3
         db.dispose()
         assert "ok\n" in output and "********" in output and 'Status: "serving on 0.0.0.0:' in output
         (upgrade_line,) = [b.line for b in blocks if "det experiment list --all" in b.text]
