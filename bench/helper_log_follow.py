@@ -46,10 +46,10 @@ SETTLE_S = 3.0
 SERVE = """
 import sys, uvicorn
 from hpc_master.api.app import create_app
-from hpc_master.asuser import helper_log_reader
 from hpc_master.helper_client import HelperPool, UserHelper
 from hpc_master.masterconf import parse_master_config
 from hpc_master.service_account import become, identity_for
+from hpc_master.services.logs import helper_reader
 url, port, jobs, ckpt, account = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 raw = {"db": {"url": url}, "listen": {"host": "127.0.0.1", "port": port}, "job_storage_root": jobs,
        "checkpoint_storage": {"host_path": ckpt},
@@ -65,7 +65,7 @@ state.acts_for_users, state.helper_via = identity.acts_for_users, identity.via
 pool = None
 if identity.via == "sudo":  # as hpc_master.server.make_lifecycle_loop wires it
     pool = HelperPool(UserHelper([jobs, ckpt], via="sudo"))
-    state.log_reader = helper_log_reader(pool, jobs)
+    state.log_reader = helper_reader(pool, jobs)
 print("serving as uid", __import__("os").geteuid(), flush=True)
 uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 """

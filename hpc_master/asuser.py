@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import userfiles
 from hpc_master import trialjob_files as _files
-from hpc_master.helper_client import HelperPool, UserHelper, decode, encode
+from hpc_master.helper_client import HelperPool, UserHelper, encode
 from hpc_master.lifecycle.job_host import job_account
 from hpc_master.lifecycle.slurm_jobs import SlurmJobs
 from hpc_master.services.checkpoint_remover import CheckpointRemover
@@ -151,8 +151,6 @@ class HelperRunFiles(RunFiles):
         self.helper = helper
         self.pool = pool
         """Long-lived helpers for the reads that repeat (a task's ``service.json`` while it starts)."""
-        self._ready: set[str] = set()
-        """Accounts whose directory was made or checked since the master started."""
 
     def ensure_user_root(self, owner: JobOwner) -> str:
         """The owner's directory: made by the user's helper, or checked by it (the user's, a real directory,
@@ -161,19 +159,12 @@ class HelperRunFiles(RunFiles):
         if owner.unix is None:
             return super().ensure_user_root(owner)
         path = self.user_root(owner)
-        if owner.unix in self._ready:
-            return path
         if os.geteuid() == 0 and USER_TEMPLATE not in self.root and owner.uid is not None:
-            os.makedirs(self.root, exist_ok=True)
-            userfiles.make_dirs(self.root, (owner.unix,), mode=0o750, uid=owner.uid, gid=owner.gid)
-        root = path if USER_TEMPLATE in self.root else self.root
-        self.helper.call(owner.unix, "user_dir", root=root)
-        self._ready.add(owner.unix)
+            super().ensure_user_root(owner)
+        # Checked at every submission (one request line to the submission's helper): a directory the user
+        # removed or replaced since is made again or refused, never trusted from memory.
+        self.helper.call(owner.unix, "user_dir", root=path if USER_TEMPLATE in self.root else self.root)
         return path
-
-    def forget_user_root(self, owner: JobOwner) -> None:
-        """Check the owner's directory again at its next use (it was not there)."""
-        self._ready.discard(owner.unix or "")
 
     def make_dir(self, path: str, owner: JobOwner, *, anchor: str | None = None) -> None:
         if owner.unix is None:
@@ -215,7 +206,9 @@ class HelperRunFiles(RunFiles):
     def write_run_dir(self, plan: TrialJobPlan, owner: JobOwner) -> None:
         if owner.unix is None:
             return super().write_run_dir(plan, owner)
-        self.write_files(plan.run_dir, plan.files(), owner, anchor=self.ensure_user_root(owner))
+        self.write_files(
+            plan.run_dir, plan.files(), owner, anchor=self.user_root(owner)
+        )  # ensured by the caller
         return None
 
     def exists(self, path: str, owner: JobOwner | None = None) -> bool:
@@ -270,22 +263,3 @@ class AsUser:
         if self.helper is None or unix is None or not self.acts_for_users:
             return contextlib.nullcontext()
         return self.helper.batch(unix)
-
-
-def helper_log_reader(pool: HelperPool, job_root: str) -> Callable[[Any, int, int], tuple[bytes, float]]:
-    """A service-account master's log reader (``services.logs.LogReader``): each file read by its owner's
-    long-lived helper (`HelperPool`), beneath the owner's directory (or the root, for a run from before
-    directories were per user)."""
-
-    def read(source: Any, offset: int, max_bytes: int) -> tuple[bytes, float]:
-        if source.owner_unix is None:
-            data, status = RunFiles.read_bytes(source.anchor, source.path, offset=offset, max_bytes=max_bytes)
-            return data, status.st_mtime
-        anchor = user_job_root(job_root, source.owner_unix)
-        if not str(source.path).startswith(anchor.rstrip("/") + "/"):
-            anchor = job_root
-        answer = pool.call(source.owner_unix, "read", anchor=anchor, path=str(source.path), offset=offset,
-                           max_bytes=max_bytes)  # fmt: skip
-        return decode(str(answer["data"])), float(answer["mtime"])
-
-    return read

@@ -258,7 +258,7 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
 
 def make_lifecycle_loop(state: Any) -> Any:
     """The loop that drives searchers and Slurm jobs (Slurm's command-line tools must be on PATH)."""
-    from hpc_master.asuser import AsUser, HelperRunFiles, RunFiles, helper_log_reader
+    from hpc_master.asuser import AsUser, HelperRunFiles, RunFiles
     from hpc_master.helper_client import HelperPool, UserHelper, slurm_runner
     from hpc_master.lifecycle.job_host import PLATFORM_ROOT
     from hpc_master.lifecycle.jobs import JobDriver
@@ -267,6 +267,7 @@ def make_lifecycle_loop(state: Any) -> Any:
     from hpc_master.paths import get_job_storage_root
     from hpc_master.services.checkpoint_gc import CheckpointCollector
     from hpc_master.services.checkpoint_policy import GCPolicy
+    from hpc_master.services.logs import helper_reader
     from hpc_master.tasks.driver import TaskDriver
     from slurm_backend import Poller, SlurmCli
 
@@ -282,7 +283,7 @@ def make_lifecycle_loop(state: Any) -> Any:
     if helper is not None and state.checkpoint_remover.as_owner:
         state.checkpoint_remover.helper = helper
     if pool is not None and state.helper_via == "sudo":  # it cannot read its users' logs itself
-        state.log_reader = helper_log_reader(pool, job_root)
+        state.log_reader = helper_reader(pool, job_root)
     as_user = AsUser(
         HelperRunFiles(job_root, helper, pool) if helper else RunFiles(job_root),
         SlurmJobs(cli, poller),

@@ -199,13 +199,13 @@ class JobDriver:
         """Slurm's jobs by comment, one squeue per Unix account of the runs that need a look; None when the
         controller does not answer (those runs wait)."""
         return self.slurm.jobs_by_comment(
-            {run.owner_unix if self.running_as_root else None for run in waiting if self._needs_check(run)}
+            {self._account(run.owner_unix) for run in waiting if self._needs_check(run)}
         )
 
     def _submit_waiting(self, run: Waiting, known: ByComment | None) -> int:
         prepared = self._prepared.get(run.run_id)
         if self._needs_check(run):
-            user = run.owner_unix if self.running_as_root else None
+            user = self._account(run.owner_unix)
             if known is None or user not in known:
                 self._set_pending_reason(run.run_id, SLURM_UNAVAILABLE, run.pending_reason)
                 return 0
@@ -452,22 +452,22 @@ class JobDriver:
             self.files.write(str(path), data, owner)
             self._contexts_written.add(experiment_id)
 
-    def _owner_account(self, run: svc.LiveRun) -> str | None:
-        """The account the run's job is (its actions taken as it), where the master acts for its users."""
-        return self._account(run.owner_unix)
-
     def _account(self, unix: str | None) -> str | None:
+        """The account a job and its files are (what is done to them is done as it), where the master acts
+        for its users; None: the master's own."""
         return unix if self.running_as_root else None
 
     def _exit_record(self, run: svc.LiveRun) -> dict[str, Any] | None:
         """The run's ``exit.json``, read as its owner; a run submitted by a master before directories were
         per user has it directly below the root."""
-        owner = JobOwner(self._owner_account(run))
+        owner = JobOwner(self._account(run.owner_unix))
         _, run_dir = run_dirs(self.files.user_root(owner), run.experiment_id, run.trial_id, run.run_number)
         found = self.files.read_json(posixpath.join(run_dir, EXIT_FILE), owner=owner)
-        if found is None and owner.unix is not None:
+        if found is None and owner.unix is not None:  # read as its owner too
             _, old = run_dirs(self.job_storage_root, run.experiment_id, run.trial_id, run.run_number)
-            found = self.files.read_json(posixpath.join(old, EXIT_FILE))
+            found = self.files.read_json(
+                posixpath.join(old, EXIT_FILE), anchor=self.job_storage_root, owner=owner
+            )
         return found
 
     # ---- stop -----------------------------------------------------------------------------------------
@@ -488,7 +488,9 @@ class JobDriver:
             never_started = run.preempt_requested and status is not None and status.outcome is Outcome.PENDING
             if never_started and not kill and not self.slurm.still_pending(run.slurm_job_id):
                 continue  # it started since the last poll: it checkpoints and exits by itself
-            if (kill or never_started) and not self.slurm.cancel(run.slurm_job_id, self._owner_account(run)):
+            if (kill or never_started) and not self.slurm.cancel(
+                run.slurm_job_id, self._account(run.owner_unix)
+            ):
                 return
 
     # ---- poll -----------------------------------------------------------------------------------------
@@ -516,7 +518,7 @@ class JobDriver:
                     with self._tx() as s:
                         write_pending_reason(s, run.run_id, reason)
             elif status.outcome is Outcome.UNSCHEDULABLE:
-                if self.slurm.cancel(job_id, self._owner_account(run)):
+                if self.slurm.cancel(job_id, self._account(run.owner_unix)):
                     self._finish(run, status)
                     ended += 1
             elif status.is_terminal:

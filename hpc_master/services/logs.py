@@ -22,6 +22,8 @@ from sqlalchemy.orm import Session
 
 from hpc_master.asuser import RunFiles
 from hpc_master.db.models import ExperimentModel, LogFileModel, TrialModel, TrialRunModel, UserModel
+from hpc_master.helper_client import HelperPool, decode
+from hpc_master.trialjob import user_job_root
 
 RANK_PREFIX = re.compile(r"^\[rank=(\d+)\] ?")
 LEVEL_WORD = re.compile(
@@ -78,6 +80,23 @@ def read_in_process(source: LogSource, offset: int, max_bytes: int) -> tuple[byt
     through a link or from a FIFO (``userfiles``)."""
     data, status = RunFiles.read_bytes(source.anchor, source.path, offset=offset, max_bytes=max_bytes)
     return data, status.st_mtime
+
+
+def helper_reader(pool: HelperPool, job_root: str) -> LogReader:
+    """A service-account master's reader: each log read by its owner's long-lived helper (`HelperPool`),
+    beneath the owner's directory (or the root, for a run from before directories were per user)."""
+
+    def read(source: LogSource, offset: int, max_bytes: int) -> tuple[bytes, float]:
+        if source.owner_unix is None:
+            return read_in_process(source, offset, max_bytes)
+        anchor = user_job_root(job_root, source.owner_unix)
+        if not str(source.path).startswith(anchor.rstrip("/") + "/"):
+            anchor = job_root
+        answer = pool.call(source.owner_unix, "read", anchor=anchor, path=str(source.path), offset=offset,
+                           max_bytes=max_bytes)  # fmt: skip
+        return decode(str(answer["data"])), float(answer["mtime"])
+
+    return read
 
 
 @dataclass

@@ -3,6 +3,7 @@ what it does beneath its roots, what it refuses, and how the master's client tur
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pwd
@@ -18,7 +19,15 @@ from pathlib import Path
 import pytest
 
 import userfiles
-from hpc_master.helper_client import SCRIPT, HelperError, HelperSession, encode, helper_command, slurm_runner
+from hpc_master.helper_client import (
+    SCRIPT,
+    HelperError,
+    HelperSession,
+    decode,
+    encode,
+    helper_command,
+    slurm_runner,
+)
 from slurm_backend.cli import SlurmCli
 from tests.conftest import require
 from userhelper.ops import RefusedError, check_slurm_argv
@@ -54,9 +63,8 @@ def root(tmp_path: Path) -> Path:
 
 @pytest.fixture()
 def helper(root: Path) -> Iterator[HelperSession]:
-    session = HelperSession(_as_helper_user(helper_command([str(root)])), "nobody", timeout_s=30)
-    yield session
-    session.close()
+    with helper_for(helper_command([str(root)])) as session:
+        yield session
 
 
 def test_files_are_made_written_and_read_beneath_the_root_as_the_user(
@@ -73,16 +81,10 @@ def test_files_are_made_written_and_read_beneath_the_root_as_the_user(
         "write", anchor=str(root), path=str(run / "ctx.tgz"), data=encode(b"\x00\x01" * 10), mode=0o640
     )
     got = helper.call("read", anchor=str(root), path=str(run / "ctx.tgz"), offset=2, max_bytes=4)
-    assert got["size"] == 20 and helper_bytes(got) == b"\x00\x01\x00\x01"
+    assert got["size"] == 20 and decode(str(got["data"])) == b"\x00\x01\x00\x01"
     assert helper.call("exists", anchor=str(root), path=str(run / "plan.json"))["exists"] is True
     assert helper.call("exists", anchor=str(root), path=str(run / "nope"))["exists"] is False
     assert helper.call("read_json", anchor=str(root), path=str(run / "plan.json"))["value"] == {}
-
-
-def helper_bytes(answer: dict[str, object]) -> bytes:
-    import base64
-
-    return base64.b64decode(str(answer["data"]))
 
 
 def test_nothing_outside_its_roots_and_no_link_is_followed(helper: HelperSession, root: Path) -> None:
@@ -114,7 +116,7 @@ def test_a_users_directory_is_made_or_checked_and_one_of_another_is_refused(
     per_user.mkdir()
     per_user.chmod(0o1777)
     argv = helper_command([str(root), f"{per_user}/{{unix_user}}/hpc-det"])
-    with HelperSessionFor(argv) as helper:
+    with helper_for(argv) as helper:
         made = Path(helper.call("user_dir", root=str(root))["path"])
         assert made == root / "nobody" and made.stat().st_uid == _uid()
         assert stat.S_IMODE(made.stat().st_mode) == 0o750
@@ -131,28 +133,20 @@ def test_a_users_directory_is_made_or_checked_and_one_of_another_is_refused(
             helper.call("user_dir", root=str(root / "nobody"))
 
 
-class HelperSessionFor:
-    def __init__(self, argv: list[str]) -> None:
-        self.session = HelperSession(_as_helper_user(argv), "nobody", timeout_s=30)
-
-    def __enter__(self) -> HelperSession:
-        return self.session
-
-    def __exit__(self, *_: object) -> None:
-        self.session.close()
+def helper_for(argv: list[str]) -> contextlib.closing[HelperSession]:
+    return contextlib.closing(HelperSession(_as_helper_user(argv), "nobody", timeout_s=30))
 
 
 def test_checkpoints_are_removed_without_following_links(helper: HelperSession, root: Path) -> None:
     ckpt = root / str(uuid.uuid4())
     (ckpt / "sub").mkdir(parents=True)
     (ckpt / "sub" / "model.pt").write_text("w")
-    os.chown(ckpt, _uid(), -1) if os.geteuid() == 0 else None
     keep = root / "keep"
     keep.mkdir()
     (keep / "precious").write_text("p")
     (ckpt / "sub" / "link").symlink_to(keep)
-    if os.geteuid() == 0:
-        for p in (ckpt / "sub", ckpt / "sub" / "model.pt"):
+    if os.geteuid() == 0:  # the helper's account's checkpoint
+        for p in (ckpt, ckpt / "sub", ckpt / "sub" / "model.pt"):
             os.chown(p, _uid(), -1)
     removal = helper.call("rmtree", path=str(ckpt))["removal"]
     assert removal["ok"] and not ckpt.exists() and (keep / "precious").read_text() == "p"
@@ -185,7 +179,7 @@ def test_slurm_commands_run_as_the_user_through_the_helper(root: Path) -> None:
 
     class Local:
         def call(self, user: str, op: str, **fields: object) -> dict[str, object]:
-            with HelperSessionFor(helper_command([str(root)])) as s:
+            with helper_for(helper_command([str(root)])) as s:
                 return s.call(op, **fields)
 
     run = slurm_runner(Local())  # type: ignore[arg-type]
