@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from det_errors import ClientError, ConfigError, SlurmError
-from slurm_backend import parse
+from slurm_backend import cadence, parse
 from slurm_backend.spec import NICE_MAX
 from slurm_backend.states import JobStatus
 
@@ -159,6 +159,18 @@ def subprocess_runner(
     return CommandResult(proc.returncode, proc.stdout, proc.stderr)
 
 
+# What `squeue -v` adds to its stdout (squeue/opts.c, squeue.c; the same from 22.05 to 25.x): its options between
+# two rules of dashes before it asks, then "last_update_time=N records=N" (tests/unit/captured/squeue_verbose.txt).
+_VERBOSE_STDOUT = re.compile(
+    r"^-{20,}\n.*?^-{20,}\n|^last_update_time=\d+ records=\d+\n", re.MULTILINE | re.DOTALL
+)
+
+
+def without_verbose(stdout: str) -> str:
+    """`squeue -v`'s stdout without what `-v` added: its answer alone."""
+    return _VERBOSE_STDOUT.sub("", stdout)
+
+
 def is_transient(stderr: str) -> bool:
     return any(marker in stderr for marker in TRANSIENT_ERRORS)
 
@@ -238,7 +250,7 @@ class SlurmCli:
                 raise SlurmError(f"{argv[0]} not found: is Slurm installed?", command=argv) from e
             if result.returncode == 0 or any(s in result.stderr for s in ok_stderr):
                 return result
-            last = result.stderr.strip() or result.stdout.strip()
+            last = result.stderr.strip() or without_verbose(result.stdout).strip()
             if not is_transient(last) or attempt == attempts - 1:
                 break
             delay = self.backoff_s * 2**attempt
@@ -328,20 +340,28 @@ class SlurmCli:
 
     def squeue(self, job_ids: Iterable[str]) -> dict[str, JobStatus]:
         """One `squeue` call for all `job_ids` (any state Slurm still remembers, MinJobAge after the end)."""
+        return self.poll_squeue(job_ids)[0]
+
+    def poll_squeue(self, job_ids: Iterable[str]) -> tuple[dict[str, JobStatus], int]:
+        """`squeue` for the poller: its answer, and how many times slurmctld told it to back off on the way
+        (its RPC rate limit; `cadence.backoffs`), which only ``-v`` prints."""
         ids = sorted({_job_id(j) for j in job_ids}, key=int)
         if not ids:
-            return {}
+            return {}, 0
         argv = [
             "squeue",
+            "-v",
             "--noheader",
             "--states=all",
             f"--jobs={','.join(ids)}",
             f"--format={parse.SQUEUE_FORMAT}",
         ]
         result = self.run(argv, ok_stderr=[UNKNOWN_JOB])
+        told = cadence.backoffs(result.stderr)
         if result.returncode != 0:
-            return {}
-        return {k: v for k, v in parse.parse_squeue(result.stdout).items() if k in ids}
+            return {}, told
+        answer = parse.parse_squeue(without_verbose(result.stdout))
+        return {k: v for k, v in answer.items() if k in ids}, told
 
     def sacct(self, job_ids: Iterable[str]) -> dict[str, JobStatus] | None:
         """One `sacct` call for all `job_ids`; None when the cluster keeps no accounting (no slurmdbd)."""

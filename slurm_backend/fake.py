@@ -21,6 +21,8 @@ a real cluster has:
 - `latency_s`: every command takes that long (a controller answering under load).
 - `lose_next_submit_answer()`: sbatch creates the job, but the answer is lost ("Socket timed out").
 - `accounting = False`: a cluster without slurmdbd.
+- `rate_limit = RpcRateLimit(...)`: slurmctld's per-user RPC rate limit of Slurm ≥ 23.02, with the client's
+  sleep-and-ask-again (`slurm_backend.fake_ratelimit`); the sleeps go through `sleep`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from slurm_backend.cli import CommandResult
+from slurm_backend.fake_ratelimit import LIMITED, RpcRateLimit, backoff_line
 
 # ---- recorded texts (Slurm 22.05.8, `det deploy local` cluster; tests/unit/captured/) ----------------------
 UNREACHABLE = "Unable to contact slurm controller (connect failure)"
@@ -48,6 +51,7 @@ SBATCH_BAD_ACCOUNT = (
     "sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified\n"
 )
 INVALID_JOB_ID = "slurm_load_jobs error: Invalid job id specified\n"
+RULE = "-" * 29  # around the options `squeue -v` prints
 ACCOUNTING_DISABLED = "sacct: error: Slurm accounting storage is disabled\n"
 
 ENDED = frozenset(
@@ -133,6 +137,7 @@ class FakeCluster:
         self.max_running_jobs: dict[str, int] = {}
         self.qos_max_running_per_user: dict[str, int] = {}
         self.accounts: set[str] | None = None  # None: any account is valid
+        self.rate_limit: RpcRateLimit | None = None
         self._next_id = first_job_id
         self._hidden_once: set[str] = set()
         self._lose_answer = False
@@ -165,6 +170,7 @@ class FakeCluster:
             finally:
                 with self._lock:
                     self.in_flight -= 1
+        told = self._through_rate_limit(args, user)
         with self._lock:
             handler = {
                 "sbatch": self._sbatch,
@@ -176,8 +182,23 @@ class FakeCluster:
             if handler is None:
                 raise FileNotFoundError(args[0])
             result = handler(args[1:], stdin or "", user)
+            if told:
+                result = CommandResult(result.returncode, result.stdout, told + result.stderr)
             self.calls.append(Call(tuple(argv), user, result.returncode))
             return result
+
+    def _through_rate_limit(self, args: list[str], user: str) -> str:
+        """Wait as Slurm's client does while slurmctld tells it to back off; what it printed meanwhile."""
+        limit = self.rate_limit
+        if limit is None or not args or args[0] not in LIMITED or not self.controller_up:
+            return ""
+        times, printed = 0, ""
+        while not limit.take(self.uid(user), self.monotonic()):
+            times += 1
+            if "-v" in args:
+                printed += backoff_line(args[0], times)
+            self.sleep(times)
+        return printed
 
     def count(self, command: str) -> int:
         """How many times `command` ran (whoever ran it)."""
@@ -382,7 +403,12 @@ class FakeCluster:
         hidden = {j.job_id for j in jobs} & self._hidden_once
         self._hidden_once -= hidden
         lines = [_squeue_line(j, fmt) for j in jobs if j.job_id not in hidden]
-        return CommandResult(0, "".join(f"{line}\n" for line in lines), "")
+        out = "".join(f"{line}\n" for line in lines)
+        # -v: its options, then when its answer was made (tests/unit/captured/squeue_verbose.txt)
+        if "-v" in args:
+            options = f"{RULE}\njobs        = {opts.get('jobs', '(null)')}\nverbose     = 1\n{RULE}\n\n\n"
+            out = f"{options}last_update_time={int(self.monotonic())} records={len(jobs)}\n{out}"
+        return CommandResult(0, out, "")
 
     def _sacct(self, args: list[str], _stdin: str, _user: str) -> CommandResult:
         if not self.accounting:

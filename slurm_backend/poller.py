@@ -3,7 +3,8 @@
 Per poll, at most: ONE `squeue --jobs=<all live ids>`; ONE `sacct --jobs=<ids that just ended or that squeue no
 longer knows>`; and, only on clusters without accounting (sacct unavailable), one `scontrol -o show job` per job
 that has *just* ended, to read its exit code (once per job in its lifetime). Terminal states are cached and never
-asked for again. When a Slurm command fails, the poller keeps its last answers and backs off exponentially.
+asked for again. When a Slurm command fails, the poller keeps its last answers and backs off exponentially;
+while slurmctld rate-limits the master's account, it polls less often (`slurm_backend.cadence`).
 
 Thread-safe: one lock guards the watch list and the cache, and polls are serialised (a second caller waits and
 then gets the fresh answer or, within the interval, the cached one).
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from det_errors import SlurmError
+from slurm_backend.cadence import PollCadence
 from slurm_backend.cli import SlurmCli
 from slurm_backend.states import JobStatus, Outcome
 
@@ -46,6 +48,7 @@ class Poller:
         self.lost_after_s = lost_after_s
         self.lost_after_polls = lost_after_polls
         self.clock = clock
+        self.cadence = PollCadence(interval_s, max_backoff_s)
         self._lock = threading.Lock()
         self._watched: set[str] = set()
         self._latest: dict[str, JobStatus] = {}
@@ -58,11 +61,12 @@ class Poller:
     def watch(self, job_id: str) -> None:
         """Watch a job and ask for a poll now: a new job is always polled promptly; a job already watched
         (the master's loop asks for all its live jobs every tick) only while Slurm answers, so a healthy
-        cluster's job ends are seen within a tick, and a failing controller keeps its backoff."""
+        cluster's job ends are seen within a tick, and a failing controller keeps its backoff. While Slurm
+        rate-limits the master (`cadence`), nothing is polled before its time."""
         with self._lock:
             new = str(job_id) not in self._watched
             self._watched.add(str(job_id))
-            if new or self.consecutive_failures == 0:
+            if (new or self.consecutive_failures == 0) and not self.cadence.stretched:
                 self._next_poll_at = min(self._next_poll_at, self.clock())
 
     def watch_all(self, job_ids: Iterable[str]) -> None:
@@ -87,25 +91,43 @@ class Poller:
             if force or now >= self._next_poll_at:
                 try:
                     with self.cli.retries_at_most(0):  # the backoff below is the retry
-                        self._refresh()
+                        backed_off = self._refresh()
                 except SlurmError as e:
                     self.consecutive_failures += 1
                     self.last_error = e
                     self._missing.clear()  # no answer says anything about a job: start counting again
-                    delay = min(self.interval_s * 2**self.consecutive_failures, self.max_backoff_s)
+                    delay = self.cadence.failed(self.consecutive_failures)
                     log.warning("polling Slurm failed (%s); next try in %.0f s", e, delay)
                     self._next_poll_at = now + delay
                 else:
                     self.consecutive_failures = 0
                     self.last_error = None
-                    self._next_poll_at = now + self.interval_s
+                    # From the answer on: a rate-limited squeue answers late (its client slept meanwhile).
+                    self._next_poll_at = self.clock() + self._answered(backed_off)
             return {j: s for j in self._watched if (s := self._terminal.get(j) or self._latest.get(j))}
 
-    def _refresh(self) -> None:
+    def _answered(self, backed_off: int) -> float:
+        """The delay to the next poll after an answer, saying when the cadence changes."""
+        before = self.cadence.current_s
+        delay = self.cadence.answered(backed_off)
+        if backed_off and before == self.interval_s < delay:
+            log.warning(
+                "slurmctld rate-limits the master's account (squeue was told to back off %d times): "
+                "polling every %.0f s instead of %.0f s",
+                backed_off,
+                delay,
+                self.interval_s,
+            )
+        elif before > delay == self.interval_s:
+            log.info("slurmctld answers without backoff again: polling every %.0f s", delay)
+        return delay
+
+    def _refresh(self) -> int:
+        """Ask Slurm about every live job; how many times squeue was told to back off."""
         live = [j for j in self._watched if j not in self._terminal]
         if not live:
-            return
-        seen = self.cli.squeue(live)
+            return 0
+        seen, backed_off = self.cli.poll_squeue(live)
         # UNSCHEDULABLE jobs are still pending in Slurm: sacct knows no exit code, and its reason is stale
         # (PartitionConfig where squeue says PartitionTimeLimit), so squeue's answer stands.
         ended = [
@@ -128,6 +150,7 @@ class Poller:
                 self._latest.pop(job_id, None)
             else:
                 self._latest[job_id] = status
+        return backed_off
 
     def _missing_status(self, job_id: str, accounted: JobStatus | None, now: float) -> JobStatus:
         since, answers = self._missing.get(job_id, (now, 0))

@@ -68,6 +68,9 @@ class FakeSlurm(SlurmCli):
     def cancel(self, job_id: str, *, signal: str | None = None) -> None:
         self.ended.setdefault(job_id, Outcome.CANCELLED)
 
+    def poll_squeue(self, job_ids: Iterable[str]) -> tuple[dict[str, JobStatus], int]:
+        return self.squeue(job_ids), 0
+
     def squeue(self, job_ids: Iterable[str]) -> dict[str, JobStatus]:
         return {
             j: JobStatus(j, Outcome.RUNNING, "RUNNING", node_list="n1", source="squeue")

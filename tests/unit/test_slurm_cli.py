@@ -117,6 +117,7 @@ def test_squeue_one_call_for_many_ids_and_unknown_single_id() -> None:
     assert set(cli.squeue(["3", "12", "4"])) == {"3"}
     assert runner.calls[0][0] == [
         "squeue",
+        "-v",
         "--noheader",
         "--states=all",
         "--jobs=3,4,12",

@@ -23,6 +23,9 @@ class FakeCli(SlurmCli):
         self.calls: list[tuple[str, list[str]]] = []
         self.fail = False
 
+    def poll_squeue(self, job_ids: Iterable[str]) -> tuple[dict[str, JobStatus], int]:
+        return self.squeue(job_ids), 0
+
     def squeue(self, job_ids: Iterable[str]) -> dict[str, JobStatus]:
         ids = sorted(job_ids)
         self.calls.append(("squeue", ids))
