@@ -4,7 +4,6 @@ account the helper runs as, on paths beneath its roots only."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import errno
 import os
 import pwd
@@ -110,8 +109,17 @@ class Helper:
         if path == root:
             os.makedirs(path, mode=0o750, exist_ok=True)  # /scratch/{unix_user}/hpc-det: the user's own tree
         else:
-            with contextlib.suppress(FileExistsError):
+            try:
                 os.mkdir(path, 0o750)
+            except FileExistsError:
+                pass
+            except (
+                PermissionError
+            ):  # a root-squashed or admin-kept root: its directories are made by an admin
+                raise RefusedError(
+                    f"{path} does not exist and {self.account.name} may not make it in {root}: an admin makes "
+                    f"it once (install -d -o {self.account.name} -m 0700 {path})"
+                ) from None
         st = os.lstat(path)
         problem = None
         if not stat.S_ISDIR(st.st_mode):

@@ -26,6 +26,7 @@ import os
 import pwd
 import re
 import shutil
+import stat
 import subprocess
 import threading
 import time
@@ -332,6 +333,10 @@ def test_the_admin_guide_runs_from_scratch_to_two_researchers_experiments(
         # Each researcher's trials ran as their own account: the run directories are theirs, not the other's;
         # alice's second one through her helper, from the service account.
         jobs = root / "shared" / "jobs"
+        # The job storage is root's and not the service account's to write, as a root-squashed export is.
+        assert (jobs.stat().st_uid, stat.S_IMODE(jobs.stat().st_mode)) == (0, 0o755)
+        may_write = subprocess.run(["runuser", "-u", SERVICE, "--", "test", "-w", str(jobs)], timeout=60)
+        assert may_write.returncode == 1
         alice_exps = sorted((jobs / researcher.pw_name).glob("exp-*"), key=lambda p: int(p.name[4:]))
         (bob_dir,) = (jobs / bob.pw_name).glob("exp-*")
         assert len(alice_exps) == 2, alice_exps

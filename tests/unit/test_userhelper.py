@@ -7,6 +7,7 @@ import contextlib
 import errno
 import os
 import pwd
+import re
 import shutil
 import stat
 import subprocess
@@ -131,6 +132,17 @@ def test_a_users_directory_is_made_or_checked_and_one_of_another_is_refused(
             helper.call("user_dir", root=str(root))
         with pytest.raises(HelperError, match="not one of the helper's roots"):
             helper.call("user_dir", root=str(root / "nobody"))
+    locked = tmp_path / "kept-by-the-admin"  # as on a root-squashed export: the user may not make it
+    locked.mkdir(mode=0o555)
+    if os.geteuid() != 0:
+        with (
+            helper_for(helper_command([str(locked)])) as helper,
+            pytest.raises(
+                HelperError,
+                match=re.escape(f"an admin makes it once (install -d -o nobody -m 0700 {locked}/"),
+            ),
+        ):
+            helper.call("user_dir", root=str(locked))
 
 
 def helper_for(argv: list[str]) -> contextlib.closing[HelperSession]:
