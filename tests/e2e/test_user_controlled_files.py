@@ -1,5 +1,5 @@
-"""What a researcher controls is never trusted by a root master (issue 32, items 1–7), on the real cluster with
-two Unix accounts: the run directories are the researcher's to change, so each test changes them the way an
+"""What a researcher controls is never trusted by the master (issue 32, items 1–7), on the real cluster with
+two Unix accounts, against a root master and against one serving as its service account (issue 34): the run directories are the researcher's to change, so each test changes them the way an
 attacker would (as the researcher, from the login node or from the job) and checks that the master neither
 shows, chowns nor reaches what the researcher could not: root-only canary files and directories stand in for
 secrets."""
@@ -7,8 +7,10 @@ secrets."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import http.server
 import json
+import pwd
 import subprocess
 import sys
 import threading
@@ -21,11 +23,36 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import Master
+from tests.e2e.conftest import Master, new_master, started
+from tests.e2e.service import SERVICE, ServiceMaster, service_master
 from tests.slurm.fixtures import SHARED_TEST_ROOT, Researcher, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 CANARY = f"CANARY-{uuid.uuid4().hex}"
+MODES = ["root", "service_account"]
+
+
+@pytest.fixture(scope="module", params=MODES)
+def shared_master(request: pytest.FixtureRequest, researcher: Researcher) -> Iterator[Master]:
+    """The module's master: every attack runs against a root master and against a service-account one."""
+    with _master_as(request.param, researcher) as m:
+        yield m
+
+
+@pytest.fixture(params=MODES)
+def own_master(request: pytest.FixtureRequest, researcher: Researcher) -> Iterator[Master]:
+    with _master_as(request.param, researcher) as m:
+        yield m
+
+
+@contextlib.contextmanager
+def _master_as(mode: str, researcher: Researcher) -> Iterator[Master]:
+    if mode == "root":
+        with started(new_master(researcher)) as m:
+            yield m
+    else:
+        with service_master(researcher) as sm:
+            yield sm
 
 
 @pytest.fixture(scope="module")
@@ -232,8 +259,13 @@ def test_another_users_job_on_the_node_cannot_read_a_tensorboard(
     assert master.wait_state(alice, exp, {"STATE_COMPLETED", "STATE_ERROR"}, 180) == "STATE_COMPLETED", \
         master.diagnose(exp)  # fmt: skip
     shared = master.root / "checkpoints" / "tensorboard" / "experiment"
-    owners = [(p.stat().st_uid, p.stat().st_mode & 0o777) for p in (shared.parent, shared)]
-    assert owners == [(0, 0o755), (0, 0o755)] and (shared / str(exp)).stat().st_uid == master.researcher.uid
+    owners = [(p.stat().st_uid, p.stat().st_mode & 0o7777) for p in (shared.parent, shared)]
+    if isinstance(master, ServiceMaster):  # made by the admin (docs/admin.md): the service account's
+        svc = pwd.getpwnam(SERVICE).pw_uid
+        assert owners == [(svc, 0o755), (svc, 0o1733)]
+    else:
+        assert owners == [(0, 0o755), (0, 0o755)]
+    assert (shared / str(exp)).stat().st_uid == master.researcher.uid
     r = master.api("POST", "/tensorboards", alice, json={"experimentIds": [exp]})
     task_id = str(r["tensorboard"]["id"])
     tb = wait_for(lambda: (t := task(master, alice, task_id, "tensorboards")).get("isReady") and t, timeout_s=180,
