@@ -11,6 +11,7 @@ line, as the members of one group, without a password, a shell or the caller's e
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import pwd
@@ -134,7 +135,10 @@ def sudoers(config: MasterConfig, *, account: str, users_group: str, python: str
     this config's) as any member of `users_group`, and nothing else."""
     roots = [str(config.job_storage_dir()), str(config.checkpoint_dir())]
     command = " ".join(_sudoers_escape(a) for a in helper_command(roots, python))
-    alias = "HPC_DET_HELPER"
+    # Aliases are global to all of sudoers' files: one named for this rule keeps two masters' drop-ins on one
+    # host (a test's beside the admin's) from defining it twice, which makes sudo refuse every rule.
+    digest = hashlib.sha256(f"{account} {users_group} {command}".encode()).hexdigest()[:8].upper()
+    alias = f"HPC_DET_HELPER_{digest}"
     return "\n".join([
         f"# {SUDOERS_FILE}: the hpc-det master's service account runs its per-user helper as a member of",
         f"# {users_group}, nothing else (written by `det-master --print-sudoers`; install with",

@@ -62,19 +62,35 @@ def configure(m: Master, svc: pwd.struct_passwd) -> Path:
     mine = home / m.researcher.name
     mine.mkdir(mode=0o700)
     os.chown(mine, m.researcher.uid, m.researcher.gid)
-    for name in ("data", "state"):
-        os.chown(m.root / name, svc.pw_uid, svc.pw_gid)
-    # TensorBoard's shared directories as docs/admin.md has an admin make them for a service account: its own,
-    # ``experiment`` 1733 (each user's helper makes their experiment's there; no one lists or renames others').
+    own_database(m)
+    text = (m.root / "master.yaml").read_text()
+    text = text.replace(f"job_storage_root: {m.root}/jobs", f"job_storage_root: {home}/{{unix_user}}/jobs")
+    (m.root / "master.yaml").write_text(text)
+    return move_to_service_account(m, svc)
+
+
+def own_database(m: Master) -> None:
+    """The master's SQLite database in its data directory (which the service account will own), not in its
+    root (which it will not)."""
+    m.db_url = f"sqlite:///{m.root}/data/master.db"
+    text = (m.root / "master.yaml").read_text()
+    (m.root / "master.yaml").write_text(text.replace(f"sqlite:///{m.root}/master.db", m.db_url))
+
+
+def move_to_service_account(m: Master, svc: pwd.struct_passwd) -> Path:
+    """docs/admin.md's "A service account" for this master (stopped): its state the service account's,
+    TensorBoard's shared directories as the admin makes them, `service_account` set, the sudoers rule
+    installed. Returns the rule's file."""
+    subprocess.run(["chown", "-R", f"{svc.pw_uid}:{svc.pw_gid}", str(m.root / "data"), str(m.root / "state")],
+                   check=True, timeout=60)  # fmt: skip
+    # TensorBoard's shared directories: the service account's, ``experiment`` 1733 (each user's helper makes
+    # their experiment's there; no one lists or renames others').
     shared = m.root / "checkpoints" / "tensorboard"
-    (shared / "experiment").mkdir(parents=True)
+    (shared / "experiment").mkdir(parents=True, exist_ok=True)
     for d, mode in ((shared, 0o755), (shared / "experiment", 0o1733)):
         os.chown(d, svc.pw_uid, svc.pw_gid)
         d.chmod(mode)
-    m.db_url = f"sqlite:///{m.root}/data/master.db"
     text = (m.root / "master.yaml").read_text()
-    text = text.replace(f"sqlite:///{m.root}/master.db", m.db_url)
-    text = text.replace(f"job_storage_root: {m.root}/jobs", f"job_storage_root: {home}/{{unix_user}}/jobs")
     (m.root / "master.yaml").write_text(text + f"service_account: {SERVICE}\n")
     rule = subprocess.run(
         [sys.executable, "-m", "hpc_master.server", "--config", str(m.root / "master.yaml"), "--print-sudoers",

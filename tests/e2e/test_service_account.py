@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import Master, make_alice
-from tests.e2e.service import SERVICE, service_account, service_master
+from tests.e2e.conftest import Master, make_alice, new_master, started
+from tests.e2e.service import SERVICE, move_to_service_account, own_database, service_account, service_master
 from tests.slurm.fixtures import Researcher, wait_for
 
 pytestmark = pytest.mark.slurm
@@ -40,6 +40,56 @@ def test_a_master_started_as_root_serves_as_its_service_account_and_acts_through
 ) -> None:
     with service_master(researcher) as m:
         _check(m, service_account(researcher))
+
+
+ACROSS = """
+name: e2e-across-the-move
+entrypoint: python3 train.py
+hyperparameters: {increment_by: 1, sleep_s: 0.5}
+searcher: {name: single, metric: validation_loss, max_length: {batches: 60}}
+max_restarts: 0
+"""
+
+
+def test_a_root_master_moved_to_its_service_account_adopts_the_jobs_running_across_the_move(
+    researcher: Researcher,
+) -> None:
+    """docs/admin.md's one step from a root master to the service account, with a trial running meanwhile: the
+    same Slurm job ends the trial (adopted, not run again), its logs are read through the researcher's helper,
+    and the job storage stays root's (the service account cannot write it)."""
+    svc = service_account(researcher)
+    m = new_master(researcher)
+    own_database(m)
+    rule: Path | None = None
+    try:
+        with started(m, settle_s=0) as root_master:
+            alice = make_alice(root_master)
+            exp = root_master.create_experiment(alice, ACROSS)
+            (job,) = wait_for(
+                lambda: root_master.jobs_of(exp, states="RUNNING"), 120, "the trial's job to run"
+            )
+            root_master.stop()  # the admin stops the master; `started` cancels nothing of a live job below
+            rule = move_to_service_account(m, svc)
+            root_master.start()
+            assert root_master.proc is not None
+            uids = next(
+                x for x in Path(f"/proc/{root_master.proc.pid}/status").read_text().splitlines()
+                if x.startswith("Uid:")
+            )  # fmt: skip
+            assert uids.split()[1:] == [str(svc.pw_uid)] * 4, uids
+            state = root_master.wait_state(alice, exp, {"STATE_COMPLETED", "STATE_ERROR"}, 240)
+            assert state == "STATE_COMPLETED", root_master.diagnose(exp)
+            (trial,) = root_master.trials(alice, exp)
+            assert trial["stepsCompleted"] == 60 and trial["restarts"] == 0, trial
+            assert root_master.job_ids() == [job]  # the one job, adopted: nothing submitted again
+            logs = httpx.get(f"{root_master.url}/api/v1/trials/{trial['id']}/logs", headers=alice, timeout=60)
+            assert logs.status_code == 200 and "done: x=60 steps=60" in logs.text, logs.text[-2000:]
+            may_write = subprocess.run(["runuser", "-u", SERVICE, "--", "test", "-w", str(m.root / "jobs")],
+                                       timeout=60)  # fmt: skip
+            assert may_write.returncode == 1
+    finally:
+        if rule is not None:
+            rule.unlink(missing_ok=True)
 
 
 def _check(m: Master, svc: pwd.struct_passwd) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pwd
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -52,11 +53,14 @@ def test_the_sudoers_rule_names_the_helpers_exact_command_line_and_parses(tmp_pa
     command = (
         f"/opt/hpc-det/.venv/bin/python -I -S {SCRIPT} --root /scratch/{{unix_user}}/jobs --root /shared/ck"
     )
-    assert f"Cmnd_Alias HPC_DET_HELPER = {command}\n" in text
-    assert "hpc-det ALL=(%researchers) NOPASSWD: HPC_DET_HELPER" in text
+    (alias,) = re.findall(rf"^Cmnd_Alias (HPC_DET_HELPER_[0-9A-F]{{8}}) = {re.escape(command)}$", text, re.M)
+    assert f"hpc-det ALL=(%researchers) NOPASSWD: {alias}" in text
     assert "SETENV" not in text and "ALL=(ALL)" not in text
+    # Another master's rule on the same host (other roots) names its own alias: sudo reads both files as one.
+    other = sudoers(config(job_storage_root="/other/jobs"), account="hpc-det", users_group="researchers")
+    assert alias not in other
     if shutil.which("visudo"):
-        (tmp_path / "rule").write_text(text)
+        (tmp_path / "rule").write_text(text + other)
         check = subprocess.run(["visudo", "-cf", str(tmp_path / "rule")], capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
     with pytest.raises(ConfigError, match="white space"):
