@@ -282,7 +282,7 @@ def make_lifecycle_loop(state: Any) -> Any:
     poller = Poller(cli, interval_s=config.poll_interval_s)
     if helper is not None and state.checkpoint_remover.as_owner:
         state.checkpoint_remover.helper = helper
-    if pool is not None and state.helper_via == "sudo":  # it cannot read its users' logs itself
+    if pool is not None:  # its users' logs read as their owners (a root master's too: it never reads as root)
         state.log_reader = helper_reader(pool, job_root)
     as_user = AsUser(
         HelperRunFiles(job_root, helper, pool) if helper else RunFiles(job_root),
