@@ -8,8 +8,9 @@ As root: it makes a service account, a researcher account and the group of users
 `det-master --print-sudoers` writes (into ``/etc/sudoers.d``) and removes all of them at the end. A SQLite
 database holds the researcher's ACTIVE trial whose ``output.log`` (0640, in their 0700 directory: the service
 account cannot open it) gets a line every 50 ms during the run. For each part a fresh master (the real app
-under uvicorn, one process, loopback) serves the database: the root part's reads are its own (``userfiles``),
-the service account's go through ``HelperPool`` (one long-lived helper for the researcher). Followers are
+under uvicorn, one process, loopback) serves the database: the baseline root part's reads are its own
+(``userfiles``, as a root master read logs before session 19), the other root part's and the service account's go
+through ``HelperPool`` (one long-lived helper for the researcher, by runuser or sudo). Followers are
 ``GET /api/v1/trials/1/logs?follow=true`` streams held open by one asyncio thread; user B asks ``/me`` every
 50 ms. No cluster needed.
 """
@@ -54,7 +55,7 @@ url, port, jobs, ckpt, account = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys
 raw = {"db": {"url": url}, "listen": {"host": "127.0.0.1", "port": port}, "job_storage_root": jobs,
        "checkpoint_storage": {"host_path": ckpt},
        "security": {"require_passwords": True, "admin_password": "admin-pw", "max_streams_per_user": 1000}}
-if account != "-":
+if account not in ("-", "root"):
     raw["service_account"] = account
 config = parse_master_config(raw, env={})
 identity = identity_for(config)
@@ -63,8 +64,8 @@ app = create_app(config)
 state = app.state.det
 state.acts_for_users, state.helper_via = identity.acts_for_users, identity.via
 pool = None
-if identity.via == "sudo":  # as hpc_master.server.make_lifecycle_loop wires it
-    pool = HelperPool(UserHelper([jobs, ckpt], via="sudo"))
+if account != "-":  # as hpc_master.server.make_lifecycle_loop wires it; "-": a root master reading itself
+    pool = HelperPool(UserHelper([jobs, ckpt], via=identity.via))
     state.log_reader = helper_reader(pool, jobs)
 print("serving as uid", __import__("os").geteuid(), flush=True)
 uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
@@ -75,7 +76,7 @@ uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 class Part:
     name: str
     followers: int
-    account: str  # "-": a root master
+    account: str  # "-": a root master reading the log itself (before session 19); "root": through runuser
 
 
 @dataclass
@@ -172,7 +173,11 @@ def keep_writing(log: Path, stop: threading.Event) -> None:
 
 def helpers_under(pid: int) -> int:
     out = subprocess.run(["ps", "-e", "-o", "ppid=,args="], capture_output=True, text=True).stdout
-    return sum(1 for line in out.splitlines() if "userhelper/run.py" in line and "sudo" in line)
+    return sum(
+        1
+        for line in out.splitlines()
+        if "userhelper/run.py" in line and ("sudo" in line or "runuser" in line)
+    )
 
 
 def run_part(part: Part, db: Path, jobs: Path, ckpt: Path, args: argparse.Namespace, log: Path) -> Result:
@@ -234,7 +239,8 @@ def main() -> int:
         return 2
     parts = [
         Part("idle (service account)", 0, SERVICE),
-        Part("root master, reads its own", args.followers, "-"),
+        Part("root master, reads its own (the baseline)", args.followers, "-"),
+        Part("root master, reads through the helper (runuser)", args.followers, "root"),
         Part("service account, reads through the helper", args.followers, SERVICE),
     ]
     results: list[Result] = []

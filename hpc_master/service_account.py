@@ -103,6 +103,7 @@ def become(identity: Identity, writable: list[Path]) -> None:
             field="service_account",
         )
     if not identity.switch:
+        _check_helper(identity.account)
         log.info("serving as the service account %s; users' work goes through sudo", identity.account)
         return
     pw = pwd.getpwnam(identity.account)
@@ -110,6 +111,7 @@ def become(identity: Identity, writable: list[Path]) -> None:
     os.setresgid(pw.pw_gid, pw.pw_gid, pw.pw_gid)
     os.setresuid(pw.pw_uid, pw.pw_uid, pw.pw_uid)
     os.environ["USER"] = os.environ["LOGNAME"] = pw.pw_name
+    _check_helper(pw.pw_name)
     log.info(
         "serving as the service account %s (uid %d); users' work goes through sudo", pw.pw_name, pw.pw_uid
     )
@@ -118,6 +120,21 @@ def become(identity: Identity, writable: list[Path]) -> None:
         raise ConfigError(
             f"the service account {pw.pw_name!r} cannot write {', '.join(blocked)}: as root, run "
             f"`chown -R {pw.pw_name}: {' '.join(blocked)}` once (docs/admin.md, upgrading a root master)",
+            field="service_account",
+        )
+
+
+def _check_helper(account: str) -> None:
+    """Refuse to serve where the service account could change the helper it runs as every user."""
+    from hpc_master import helper_integrity
+
+    found = helper_integrity.check(account, os.geteuid(), [*os.getgroups(), os.getegid()])
+    if found:
+        raise ConfigError(
+            "the per-user helper must be root's and not writable by the service account: "
+            + "; ".join(found[:5])
+            + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
+            + " (install the software as root, docs/admin.md)",
             field="service_account",
         )
 

@@ -16,11 +16,14 @@ cd "$HERE"
 
 source "$HERE/scripts/_as_root.sh"
 
-# Jobs run as a non-root researcher, who must be able to read this checkout and run its venv. If the checkout
-# sits somewhere private (e.g. under /root), test a copy in a world-readable place instead.
-if ! runuser -u nobody -- test -r "$HERE/pyproject.toml" 2>/dev/null; then
+# Jobs run as a non-root researcher, who must be able to read this checkout and run its venv; a master serving as
+# its service account runs the per-user helper from it, which must be root's (hpc_master/helper_integrity.py). If
+# the checkout sits somewhere private (e.g. under /root) or is another user's, test a root-owned copy in a
+# world-readable place instead.
+not_roots=$(find "$HERE" -path "$HERE/.git" -prune -o ! -user root -print -quit 2>/dev/null || true)
+if ! runuser -u nobody -- test -r "$HERE/pyproject.toml" 2>/dev/null || [ -n "$not_roots" ]; then
   COPY=/var/tmp/hpc-det-checkout
-  echo "test: $HERE is not readable by other users; testing a copy in $COPY"
+  echo "test: $HERE is not readable by other users, or not all root's (${not_roots:-}); testing a copy in $COPY"
   rm -rf "$COPY" && mkdir -p "$COPY"
   git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$COPY"
   [ -d .git ] && cp -r .git "$COPY/.git"
