@@ -137,12 +137,12 @@ class JobDriver:
         self._prepared: dict[int, Prepared] = {}
 
     @property
-    def running_as_root(self) -> bool:
+    def acts_for_users(self) -> bool:
         """Whether jobs run as their owners' accounts (the master acts for its users; tests turn it off)."""
         return self._acts_for_users
 
-    @running_as_root.setter
-    def running_as_root(self, value: bool) -> None:
+    @acts_for_users.setter
+    def acts_for_users(self, value: bool) -> None:
         self._acts_for_users = self.renicer.as_owner = value
 
     @contextmanager
@@ -275,7 +275,7 @@ class JobDriver:
 
     def _job_owner(self, sub: _Submission) -> JobOwner:
         """A root master runs each job as its owner's Unix account."""
-        return JobOwner.of(sub.owner_name, sub.owner_unix, acts_for_users=self.running_as_root)
+        return JobOwner.of(sub.owner_name, sub.owner_unix, acts_for_users=self.acts_for_users)
 
     def _config(self, sub: _Submission) -> ExperimentConfig:
         config = self.configs.peek(sub.config_key)
@@ -455,7 +455,7 @@ class JobDriver:
     def _account(self, unix: str | None) -> str | None:
         """The account a job and its files are (what is done to them is done as it), where the master acts
         for its users; None: the master's own."""
-        return unix if self.running_as_root else None
+        return unix if self.acts_for_users else None
 
     def _exit_record(self, run: svc.LiveRun) -> dict[str, Any] | None:
         """The run's ``exit.json``, read as its owner; a run submitted by a master before directories were

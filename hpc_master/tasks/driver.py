@@ -82,7 +82,7 @@ class TaskDriver:
         self.python = python
         self.master_url = master_url
         self.cluster_id = cluster_id
-        self.running_as_root = self.as_user.acts_for_users
+        self.acts_for_users = self.as_user.acts_for_users
 
     @contextmanager
     def _tx(self) -> Iterator[Session]:
@@ -109,7 +109,7 @@ class TaskDriver:
         # Tasks whose sbatch may have run (before a crash, or its answer lost): Slurm's jobs by comment, asked
         # once per Unix account for all of them.
         known = self.slurm.jobs_by_comment(
-            {unix if self.running_as_root else None for _, attempted, unix in rows if attempted}
+            {unix if self.acts_for_users else None for _, attempted, unix in rows if attempted}
         )
         submitted = 0
         for task_id, _, _ in rows:
@@ -130,7 +130,7 @@ class TaskDriver:
             owner_name = owner.username
             pending = task.pending_reason
         comment = task_comment(self.cluster_id, task_id)
-        as_user = unix_user if self.running_as_root else None
+        as_user = unix_user if self.acts_for_users else None
         if attempted:  # sbatch may have run before a crash: adopt its job rather than submit a second
             if known is None or as_user not in known:
                 log.info("task %s: cannot ask Slurm for its job yet", task_id)
@@ -180,7 +180,7 @@ class TaskDriver:
         return 1
 
     def _prepare(self, task_id: str, owner_name: str, unix_user: str | None) -> TaskJobPlan:
-        owner = JobOwner.of(owner_name, unix_user, acts_for_users=self.running_as_root)
+        owner = JobOwner.of(owner_name, unix_user, acts_for_users=self.acts_for_users)
         with self._tx() as s:
             task = s.get(TaskModel, task_id)
             assert task is not None
@@ -300,7 +300,7 @@ class TaskDriver:
 
     def _owner_of(self, unix: str | None) -> JobOwner:
         """Whose files a task's are (read as them by a master that acts for its users)."""
-        return JobOwner(unix if self.running_as_root else None)
+        return JobOwner(unix if self.acts_for_users else None)
 
     def _update(self, task_id: str, status: JobStatus, owner: JobOwner | None = None) -> None:
         discover: tuple[str, str, str] | None = None

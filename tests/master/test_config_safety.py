@@ -131,7 +131,7 @@ class FakeSlurm(SlurmCli):
 
 def _loop(sessions: sessionmaker[Session], config: MasterConfig, slurm: FakeSlurm) -> LifecycleLoop:
     driver = JobDriver(sessions, config, slurm, Poller(slurm, interval_s=0), python="/usr/bin/python3")
-    driver.running_as_root = False  # jobs run as the master's account (tests may run as root)
+    driver.acts_for_users = False  # jobs run as the master's account (tests may run as root)
     return LifecycleLoop(sessions, driver)
 
 

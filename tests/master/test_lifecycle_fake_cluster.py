@@ -72,7 +72,7 @@ class World:
         driver = JobDriver(
             self.sessions, self.config, cli, poller, python="/usr/bin/python3", clock=self.cluster.monotonic
         )
-        driver.running_as_root = False  # jobs run as the master's account (the fake's "root")
+        driver.acts_for_users = False  # jobs run as the master's account (the fake's "root")
         self.loop = LifecycleLoop(self.sessions, driver)
 
     @property

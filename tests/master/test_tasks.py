@@ -52,7 +52,7 @@ class World:
                 RunFiles(str(self.config.job_storage_dir())), SlurmJobs(cli, poller, clock=self.cluster.monotonic)
             ),
         )  # fmt: skip
-        self.driver.running_as_root = False  # jobs run as the master's account (tests may run as root)
+        self.driver.acts_for_users = False  # jobs run as the master's account (tests may run as root)
         self.client.app.state.det.acts_for_users = False  # type: ignore[attr-defined]
         self.loop = LifecycleLoop(self.sessions, None, tasks=self.driver)
 
