@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import logging
 import math
 import uuid
@@ -44,6 +43,7 @@ from hpc_master.errors import ClientError, PayloadTooLargeError, TooManyRequests
 from hpc_master.masterconf import MasterConfig
 from hpc_master.services.lifecycle import watch_stop_requests
 from hpc_master.services.users import TokenCache, ensure_default_users
+from hpc_master.version import master_version
 
 log = logging.getLogger("hpc_master")
 
@@ -51,13 +51,6 @@ MAX_BODY_BYTES = 140 * 1024 * 1024
 """The 95 MB context limit, base64-encoded, plus room for the config."""
 ANONYMOUS_BODY_BYTES = 64 * 1024
 """The largest body read before the bearer token is checked (a login's is a few hundred bytes)."""
-
-
-def master_version() -> str:
-    try:
-        return importlib.metadata.version("hpc-det")
-    except importlib.metadata.PackageNotFoundError:
-        return "0.0.0"
 
 
 def _error(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:

@@ -17,6 +17,7 @@ from hpc_master.db.models import UserModel
 from hpc_master.errors import ClientError, PermissionDeniedError
 from hpc_master.services import users
 from hpc_master.services.common import get_or_404
+from hpc_master.version import master_version
 
 router = APIRouter(prefix="/api/v1", tags=["auth"])
 
@@ -24,8 +25,6 @@ router = APIRouter(prefix="/api/v1", tags=["auth"])
 @router.get("/master")
 def master_info(state: State) -> dict[str, Any]:
     """Unauthenticated health and identity."""
-    from hpc_master.api.app import master_version
-
     return {
         "version": master_version(),
         "masterId": state.master_id,

@@ -25,6 +25,7 @@ from hpc_master.errors import NotFoundError
 from hpc_master.services import users
 from hpc_master.services.common import get_or_404
 from hpc_master.services.workloads import WorkloadFilter, list_workloads
+from hpc_master.version import master_version
 
 DETERMINED_API_VERSION = "0.38.1"
 """The release of Determined whose client this master is tested with (``GET /info``'s ``version``, which
@@ -39,8 +40,6 @@ def info(state: State) -> dict[str, Any]:
     """Determined's unauthenticated master info. ``version`` is the Determined release whose client this
     master answers (a lower one would make that client warn "Consider upgrading the master" at every
     command); hpc-det's own version is ``hpcDetVersion`` here and ``version`` at ``/api/v1/master``."""
-    from hpc_master.api.app import master_version
-
     return {
         "version": DETERMINED_API_VERSION,
         "hpcDetVersion": master_version(),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -27,11 +28,17 @@ from hpc_master.services.checkpoint_gc import CheckpointCollector
 from hpc_master.services.common import InvalidTransitionError
 from hpc_master.services.states import ExperimentState
 from hpc_master.services.users import purge_expired_sessions
-from hpc_master.tasks.driver import TaskDriver
 
 log = logging.getLogger(__name__)
 
 HOUSEKEEPING_S = 600.0
+
+
+class Ticks(Protocol):
+    """What the loop drives besides trials (the task driver, ``hpc_master.tasks.driver``): one step a tick.
+    A protocol, so that the lifecycle room does not import the tasks room, which builds on it."""
+
+    def tick(self) -> None: ...
 
 
 class LifecycleLoop:
@@ -41,15 +48,15 @@ class LifecycleLoop:
         jobs: JobDriver | None,
         interval_s: float = 2.0,
         collector: CheckpointCollector | None = None,
-        tasks: TaskDriver | None = None,
+        tasks: Ticks | None = None,
     ) -> None:
         self.sessions = sessions
         self.jobs = jobs
         self.interval_s = interval_s
         self.collector = collector
+        """Checkpoint GC: the experiments' policies applied, failed deletions retried (None: no GC)."""
         self.tasks = tasks
         """Commands, notebooks, shells and TensorBoards (None: none are run)."""
-        """Checkpoint GC: the experiments' policies applied, failed deletions retried (None: no GC)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ticks = 0
