@@ -1,4 +1,4 @@
-"""Each top-level folder is one room; imports between rooms go one way only (ARCHITECTURE.md, README's
+"""Each top-level folder is one room; imports between rooms go one way only (docs/architecture.md, README's
 "How the parts fit"). Every module of every room is read with ``ast`` (imports inside functions and under
 ``TYPE_CHECKING`` count too) and checked against these rules:
 
