@@ -388,14 +388,9 @@ class FakeCluster:
             self.schedule()
         opts = _long_options(args)
         fmt = opts.get("format", "%A|%T|%r|%N|%S|%e")
-        known = {j.job_id: j for j in self.jobs.values() if j.in_controller}
-        if "jobs" in opts:
-            ids = opts["jobs"].split(",")
-            if len(ids) == 1 and ids[0] not in known:
-                return CommandResult(1, "", INVALID_JOB_ID)
-            jobs = [known[i] for i in ids if i in known]
-        else:
-            jobs = list(known.values())
+        jobs = self._squeue_jobs(opts)
+        if jobs is None:
+            return CommandResult(1, "", INVALID_JOB_ID)
         if "user" in opts:
             jobs = [j for j in jobs if j.user == opts["user"]]
         if opts.get("states") != "all":
@@ -404,11 +399,25 @@ class FakeCluster:
         self._hidden_once -= hidden
         lines = [_squeue_line(j, fmt) for j in jobs if j.job_id not in hidden]
         out = "".join(f"{line}\n" for line in lines)
-        # -v: its options, then when its answer was made (tests/unit/captured/squeue_verbose.txt)
         if "-v" in args:
-            options = f"{RULE}\njobs        = {opts.get('jobs', '(null)')}\nverbose     = 1\n{RULE}\n\n\n"
-            out = f"{options}last_update_time={int(self.monotonic())} records={len(jobs)}\n{out}"
+            out = self._squeue_verbose(opts, len(jobs)) + out
         return CommandResult(0, out, "")
+
+    def _squeue_jobs(self, opts: dict[str, str]) -> list[FakeJob] | None:
+        """The jobs `--jobs` names that slurmctld knows (all without it); None for one it does not know."""
+        known = {j.job_id: j for j in self.jobs.values() if j.in_controller}
+        if "jobs" not in opts:
+            return list(known.values())
+        ids = opts["jobs"].split(",")
+        if len(ids) == 1 and ids[0] not in known:
+            return None
+        return [known[i] for i in ids if i in known]
+
+    def _squeue_verbose(self, opts: dict[str, str], records: int) -> str:
+        """What `squeue -v` prints before its answer: its options, then when the answer was made
+        (tests/unit/captured/squeue_verbose.txt)."""
+        options = f"{RULE}\njobs        = {opts.get('jobs', '(null)')}\nverbose     = 1\n{RULE}\n\n\n"
+        return f"{options}last_update_time={int(self.monotonic())} records={records}\n"
 
     def _sacct(self, args: list[str], _stdin: str, _user: str) -> CommandResult:
         if not self.accounting:
