@@ -375,8 +375,10 @@ def test_one_reader_per_thing_no_connection_held_and_closed_with_the_client(live
 def test_heartbeat(live: Live, listen: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(routes_ui_live, "HEARTBEAT_S", 0.3)
     stream = listen(live, "/api/v1/webui/changes", live.login("alice", "alice-pw"))
-    assert stream.next(LIVE_S)
-    assert stream.quiet(1.0).count({}) >= 2
+    # The stream's first message, and heartbeats ({}) every 0.3 s: under load one may come before it (CI saw
+    # that), which a client ignores.
+    got = stream.quiet(LIVE_S)
+    assert any(got) and got.count({}) >= 2, got
 
 
 def test_stream_ends_with_its_session(live: Live, listen: Any, monkeypatch: pytest.MonkeyPatch) -> None:
