@@ -83,7 +83,6 @@ class ContainerConfig(StrictModel):
     user who runs trials). Default: ``images/`` under ``job_storage_root``."""
 
 
-_UNLIMITED = ("UNLIMITED", "INFINITE")
 _MEM_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGTP])(?:i?B)?$", re.IGNORECASE)
 _MEM_SHIFT = {"K": 10, "M": 20, "G": 30, "T": 40, "P": 50}
 _GPU_TYPE_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -91,11 +90,10 @@ _GPU_TYPE_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 def pool_time_to_minutes(value: str | None) -> int | None:
     """A pool's time limit in minutes; None for none or ``UNLIMITED`` (as ``scontrol show partition`` says)."""
-    from hpc_master.expconf.slurm import slurm_time_to_minutes  # here: `det` imports this module for less
+    # Imported here: `det` imports this module, and Slurm's code (the package) for less.
+    from slurm_backend.times import limit_to_minutes
 
-    if value is None or value.strip().upper() in _UNLIMITED:
-        return None
-    return slurm_time_to_minutes(value)
+    return limit_to_minutes(value)
 
 
 def pool_memory_mb(value: str | None) -> int | None:

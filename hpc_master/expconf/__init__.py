@@ -51,7 +51,7 @@ from hpc_master.expconf.searcher import (
     SingleSearcher,
     searcher_to_dict,
 )
-from hpc_master.expconf.slurm import SlurmConfig, slurm_time_to_minutes
+from hpc_master.expconf.slurm import SlurmConfig
 from hpc_master.expconf.storage import DirectoryStorage, PartialStorage, SharedFSStorage
 from hpc_master.expconf.units import UNITS, Length, Unit, convert_length, length_in
 
@@ -100,5 +100,4 @@ __all__ = [
     "merge_defaults",
     "parse_experiment_config",
     "searcher_to_dict",
-    "slurm_time_to_minutes",
 ]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import re
 from typing import Annotated, Any
 
 from pydantic import Field, field_validator
@@ -11,32 +9,7 @@ from pydantic import Field, field_validator
 from hpc_master.expconf._base import StrictModel
 from hpc_master.expconf._errors import custom_error
 from slurm_backend.sbatch_args import SbatchArgError, check_header_value, validate_sbatch_args
-
-_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-
-
-def slurm_time_to_minutes(value: str) -> int:
-    """Parse a Slurm time string into whole minutes, rounding seconds up.
-
-    Slurm's forms: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``.
-    """
-    text = value.strip()
-    m = _TIME_RE.match(text)
-    if not m:
-        raise ValueError(
-            f"expected minutes or a Slurm time such as '90', '1:30:00' or '2-00:00:00', got {value!r}"
-        )
-    days, a, b, c = m.groups()
-    if days is not None:
-        hours, minutes, seconds = int(a), int(b or 0), int(c or 0)
-        total_s = int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
-    elif c is not None:  # H:M:S
-        total_s = int(a) * 3600 + int(b) * 60 + int(c)
-    elif b is not None:  # M:S
-        total_s = int(a) * 60 + int(b)
-    else:  # M
-        total_s = int(a) * 60
-    return math.ceil(total_s / 60)
+from slurm_backend.times import time_to_minutes
 
 
 class SlurmConfig(StrictModel):
@@ -56,7 +29,7 @@ class SlurmConfig(StrictModel):
         if isinstance(v, bool):
             raise ValueError("expected minutes or a Slurm time string such as '1:30:00', got a boolean")
         if isinstance(v, str):
-            v = slurm_time_to_minutes(v)
+            v = time_to_minutes(v)
         if isinstance(v, int) and v < 1:
             raise ValueError(f"must be at least 1 minute, got {v}")
         if not isinstance(v, int):

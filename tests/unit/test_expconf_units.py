@@ -10,8 +10,8 @@ from hpc_master.expconf import (
     convert_length,
     length_in,
     parse_experiment_config,
-    slurm_time_to_minutes,
 )
+from slurm_backend.times import time_to_minutes
 
 
 @pytest.mark.parametrize(
@@ -146,13 +146,13 @@ def test_038_time_metric_converts_only_for_known_units() -> None:
     ],
 )
 def test_slurm_time_strings(text: str, minutes: int) -> None:
-    assert slurm_time_to_minutes(text) == minutes
+    assert time_to_minutes(text) == minutes
 
 
 @pytest.mark.parametrize("text", ["", "1h", "1:2:3:4", "-1", "1-", "UNLIMITED", "1.5"])
 def test_bad_slurm_time_strings(text: str) -> None:
     with pytest.raises(ValueError, match="Slurm time"):
-        slurm_time_to_minutes(text)
+        time_to_minutes(text)
 
 
 def test_time_limit_is_normalised_to_minutes() -> None:
