@@ -9,8 +9,8 @@ As root: it makes a service account, a researcher account and the group of users
 database holds the researcher's ACTIVE trial whose ``output.log`` (0640, in their 0700 directory: the service
 account cannot open it) gets a line every 50 ms during the run. For each part a fresh master (the real app
 under uvicorn, one process, loopback) serves the database: the baseline root part's reads are its own
-(``userfiles``, as a root master read logs before session 19), the other root part's and the service account's go
-through ``HelperPool`` (one long-lived helper for the researcher, by runuser or sudo). Followers are
+(``userfiles``, as a root master reads logs), the other root part's (an option measured, not shipped) and the
+service account's go through ``HelperPool`` (one long-lived helper for the researcher, by runuser or sudo). Followers are
 ``GET /api/v1/trials/1/logs?follow=true`` streams held open by one asyncio thread; user B asks ``/me`` every
 50 ms. No cluster needed.
 """
@@ -76,7 +76,7 @@ uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 class Part:
     name: str
     followers: int
-    account: str  # "-": a root master reading the log itself (before session 19); "root": through runuser
+    account: str  # "-": a root master reading the log itself (as it does); "root": through runuser
 
 
 @dataclass

@@ -209,7 +209,8 @@ class HelperSession:
 class HelperPool:
     """Long-lived helpers, one per user, shared by every reader of that user's files (log followers): a poll
     is one request line to a helper that is already running, not a process. A user's helper serves one
-    request at a time; one idle for `idle_s` is ended at the next call."""
+    request at a time; one idle for `idle_s` is ended (by a reaper thread that runs while any helper does, and
+    at the next call), so that a user who stopped following logs keeps no process of theirs running."""
 
     def __init__(self, helper: UserHelper, *, idle_s: float = 30.0) -> None:
         self.helper = helper
@@ -219,6 +220,8 @@ class HelperPool:
         """user → (its lock, [session or None, last use])."""
         self.started = 0
         """Helper processes started (for tests and benchmarks)."""
+        self._reaper: threading.Thread | None = None
+        self._closed = threading.Event()
 
     def call(self, user: str, op: str, **fields: Any) -> dict[str, Any]:
         with self._lock:
@@ -229,6 +232,7 @@ class HelperPool:
                 if slot[0] is None:
                     slot[0] = HelperSession(self.helper.argv(user), user, self.helper.timeout_s)
                     self.started += 1
+                    self._keep_reaping()
                 slot[1] = time.monotonic()
                 session: HelperSession = slot[0]
                 try:
@@ -251,7 +255,28 @@ class HelperPool:
                 finally:
                     lock.release()
 
+    def _keep_reaping(self) -> None:
+        with self._lock:
+            if self._reaper is None and not self._closed.is_set():
+                self._reaper = threading.Thread(target=self._reap, name="helper-pool-reaper", daemon=True)
+                self._reaper.start()
+
+    def _reap(self) -> None:
+        """End idle helpers every `idle_s` / 2 until none runs (a new helper starts the reaper again)."""
+        while not self._closed.wait(self.idle_s / 2):
+            with self._lock:
+                self._end_idle(time.monotonic())
+                if all(slot[0] is None for _, slot in self._users.values()):
+                    self._reaper = None
+                    return
+
+    def running(self) -> int:
+        """Helper processes running now."""
+        with self._lock:
+            return sum(1 for _, slot in self._users.values() if slot[0] is not None)
+
     def close(self) -> None:
+        self._closed.set()
         with self._lock:
             self._end_idle(float("inf"))
 

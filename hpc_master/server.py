@@ -282,7 +282,11 @@ def make_lifecycle_loop(state: Any) -> Any:
     poller = Poller(cli, interval_s=config.poll_interval_s)
     if helper is not None and state.checkpoint_remover.as_owner:
         state.checkpoint_remover.helper = helper
-    if pool is not None:  # its users' logs read as their owners (a root master's too: it never reads as root)
+    # A service account cannot open its users' logs: their helpers read them. A root master (deprecated) reads
+    # them itself, through `userfiles` (never through a link, never from a FIFO): a long-lived helper of each
+    # user who ever followed a log would keep their account busy (`det deploy local down` could not remove
+    # the quickstart's researcher while its root master ran).
+    if pool is not None and state.helper_via == "sudo":
         state.log_reader = helper_reader(pool, job_root)
     as_user = AsUser(
         HelperRunFiles(job_root, helper, pool) if helper else RunFiles(job_root),

@@ -83,8 +83,7 @@ def read_in_process(source: LogSource, offset: int, max_bytes: int) -> tuple[byt
 
 
 def helper_reader(pool: HelperPool, job_root: str) -> LogReader:
-    """The reader of a master that acts for its users (as its service account, or as root): each log read by
-    its owner's long-lived helper (`HelperPool`),
+    """A service-account master's reader: each log read by its owner's long-lived helper (`HelperPool`),
     beneath the owner's directory (or the root, for a run from before directories were per user)."""
 
     def read(source: LogSource, offset: int, max_bytes: int) -> tuple[bytes, float]:

@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,9 @@ import userfiles
 from hpc_master.helper_client import (
     SCRIPT,
     HelperError,
+    HelperPool,
     HelperSession,
+    UserHelper,
     decode,
     encode,
     helper_command,
@@ -220,3 +223,28 @@ def test_the_helper_never_runs_as_root() -> None:
     proc = subprocess.run([sys.executable, "-I", SCRIPT, "--root", "/tmp"], input="", capture_output=True,
                           text=True, timeout=30)  # fmt: skip
     assert proc.returncode == 2 and "never runs as root" in proc.stderr
+
+
+class _OwnHelper(UserHelper):
+    """The helper as the test's helper account, whatever user is named (no runuser or sudo needed)."""
+
+    def argv(self, user: str) -> list[str]:
+        return _as_helper_user(self.command)
+
+
+def test_a_pools_helper_ends_once_idle_without_another_call_and_starts_again_when_needed(root: Path) -> None:
+    """A user who stopped following logs keeps no process: the pool's reaper ends the idle helper by itself."""
+    pool = HelperPool(_OwnHelper([str(root)]), idle_s=0.4)
+    try:
+        assert pool.call("nobody", "ping")["uid"] == _uid()
+        assert pool.running() == 1
+        deadline = time.monotonic() + 10
+        while pool.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.running() == 0  # no call came: the reaper ended it
+        assert pool.call("nobody", "ping")["uid"] == _uid() and pool.started == 2
+        while pool.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.running() == 0  # and the reaper came back for the second one
+    finally:
+        pool.close()
