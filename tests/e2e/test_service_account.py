@@ -19,20 +19,21 @@ from tests.slurm.fixtures import Researcher, wait_for
 
 pytestmark = pytest.mark.slurm
 
-CONST = """
-name: e2e-service-account
+
+def _single(name: str, *, increment_by: int, sleep_s: float, batches: int) -> str:
+    """A one-trial experiment of the e2e context's counter (`train.py`), never restarted."""
+    return f"""
+name: {name}
 entrypoint: python3 train.py
-hyperparameters: {increment_by: 2, sleep_s: 0.02}
-searcher: {name: single, metric: validation_loss, max_length: {batches: 20}}
+hyperparameters: {{increment_by: {increment_by}, sleep_s: {sleep_s}}}
+searcher: {{name: single, metric: validation_loss, max_length: {{batches: {batches}}}}}
 max_restarts: 0
 """
-LONG = """
-name: e2e-service-account-kill
-entrypoint: python3 train.py
-hyperparameters: {increment_by: 1, sleep_s: 2}
-searcher: {name: single, metric: validation_loss, max_length: {batches: 1000}}
-max_restarts: 0
-"""
+
+
+CONST = _single("e2e-service-account", increment_by=2, sleep_s=0.02, batches=20)
+LONG = _single("e2e-service-account-kill", increment_by=1, sleep_s=2, batches=1000)
+ACROSS = _single("e2e-across-the-move", increment_by=1, sleep_s=0.5, batches=60)
 
 
 def test_a_master_started_as_root_serves_as_its_service_account_and_acts_through_the_helper(
@@ -40,15 +41,6 @@ def test_a_master_started_as_root_serves_as_its_service_account_and_acts_through
 ) -> None:
     with service_master(researcher) as m:
         _check(m, service_account(researcher))
-
-
-ACROSS = """
-name: e2e-across-the-move
-entrypoint: python3 train.py
-hyperparameters: {increment_by: 1, sleep_s: 0.5}
-searcher: {name: single, metric: validation_loss, max_length: {batches: 60}}
-max_restarts: 0
-"""
 
 
 def test_a_root_master_moved_to_its_service_account_adopts_the_jobs_running_across_the_move(
