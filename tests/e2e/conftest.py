@@ -100,7 +100,9 @@ poll_interval_s: 1
                 [sys.executable, "-m", "hpc_master.server", "--config", str(self.root / "master.yaml")],
                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root, preexec_fn=die_with_parent,
             )  # fmt: skip
-        deadline = time.monotonic() + 30
+        # A start takes 2-5 s; CI's cluster lane starts six masters at once beside jobs on 2 CPUs, where one
+        # took 17 s to import before its first log line.
+        deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             try:
                 answer = httpx.get(f"{self.url}/api/v1/master", timeout=1)
