@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import re
 
-# The client library's line for each backoff (src/common/slurm_protocol_api.c, Slurm ≥ 23.02), at -v.
 EASE = 0.95
 """The factor on the delay after an answer without backoff."""
+# The client library's line for each backoff (src/common/slurm_protocol_api.c, Slurm ≥ 23.02), at -v.
 _BACKED_OFF = re.compile(r"RPC rate limited (\d+) time\(s\)")
 
 

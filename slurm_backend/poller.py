@@ -43,8 +43,6 @@ class Poller:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cli = cli
-        self.interval_s = interval_s
-        self.max_backoff_s = max_backoff_s
         self.lost_after_s = lost_after_s
         self.lost_after_polls = lost_after_polls
         self.clock = clock
@@ -110,15 +108,16 @@ class Poller:
         """The delay to the next poll after an answer, saying when the cadence changes."""
         before = self.cadence.current_s
         delay = self.cadence.answered(backed_off)
-        if backed_off and before == self.interval_s < delay:
+        interval = self.cadence.interval_s
+        if backed_off and before == interval < delay:
             log.warning(
                 "slurmctld rate-limits the master's account (squeue was told to back off %d times): "
                 "polling every %.0f s instead of %.0f s",
                 backed_off,
                 delay,
-                self.interval_s,
+                interval,
             )
-        elif before > delay == self.interval_s:
+        elif before > delay == interval:
             log.info("slurmctld answers without backoff again: polling every %.0f s", delay)
         return delay
 

@@ -108,9 +108,7 @@ class TaskDriver:
             ).all()
         # Tasks whose sbatch may have run (before a crash, or its answer lost): Slurm's jobs by comment, asked
         # once per Unix account for all of them.
-        known = self.slurm.jobs_by_comment(
-            {unix if self.acts_for_users else None for _, attempted, unix in rows if attempted}
-        )
+        known = self.slurm.jobs_by_comment({self._account(unix) for _, attempted, unix in rows if attempted})
         submitted = 0
         for task_id, _, _ in rows:
             try:
@@ -130,7 +128,7 @@ class TaskDriver:
             owner_name = owner.username
             pending = task.pending_reason
         comment = task_comment(self.cluster_id, task_id)
-        as_user = unix_user if self.acts_for_users else None
+        as_user = self._account(unix_user)
         if attempted:  # sbatch may have run before a crash: adopt its job rather than submit a second
             if known is None or as_user not in known:
                 log.info("task %s: cannot ask Slurm for its job yet", task_id)
@@ -298,9 +296,13 @@ class TaskDriver:
             self.slurm.jobs_ended()
         return ended
 
+    def _account(self, unix: str | None) -> str | None:
+        """The account a task's job and files are, where the master acts for its users; None: its own."""
+        return unix if self.acts_for_users else None
+
     def _owner_of(self, unix: str | None) -> JobOwner:
         """Whose files a task's are (read as them by a master that acts for its users)."""
-        return JobOwner(unix if self.acts_for_users else None)
+        return JobOwner(self._account(unix))
 
     def _update(self, task_id: str, status: JobStatus, owner: JobOwner | None = None) -> None:
         discover: tuple[str, str, str] | None = None

@@ -39,8 +39,9 @@ def test_every_file_the_helper_runs_or_imports_and_every_directory_above_is_chec
     assert any(p.name == "lib-dynload" for p in paths) or not any("lib-dynload" in str(p) for p in sys.path)
 
 
-def test_what_is_not_roots_is_named(tmp_path: Path) -> None:
+def test_what_is_not_roots_or_may_be_written_is_named(tmp_path: Path) -> None:
     python, script = _install(tmp_path)
+    script.chmod(0o666)
     found = problems(helper_paths(str(python), str(script)), SERVICE_UID, [SERVICE_GID])
     if os.geteuid() != 0:  # the test's user made them: each is someone's other than root
         assert f"{script} is owned by uid {os.geteuid()}, not by root" in found
@@ -48,6 +49,8 @@ def test_what_is_not_roots_is_named(tmp_path: Path) -> None:
             f"{script.parent.parent / '.venv' / 'pyvenv.cfg'} is owned by uid {os.geteuid()}, not by root"
             in found
         )
+    else:  # root's, but anyone may change the helper's script
+        assert f"{script} may be written by uid {SERVICE_UID} (mode 666)" in found
 
 
 def test_root_s_files_writable_by_the_account_or_its_group_are_named_and_sticky_directories_are_not(

@@ -43,7 +43,7 @@ def test_backoffs_are_counted_from_the_client_s_lines_and_nothing_else() -> None
     assert backoffs(plugins + backoff_line("squeue", 1) + backoff_line("squeue", 2)) == 2
 
 
-def test_the_cadence_doubles_when_told_to_back_off_and_comes_back_one_interval_at_a_time() -> None:
+def test_the_cadence_doubles_when_told_to_back_off_and_eases_back_5_percent_per_clean_answer() -> None:
     c = PollCadence(5.0, 60.0)
     assert [c.answered(1) for _ in range(5)] == [10, 20, 40, 60, 60]
     assert c.stretched
