@@ -1,6 +1,6 @@
 """One run → one Slurm job, for trials and tasks alike: a typed request in, a planned job out. Pure.
 
-    request = JobRequest(...)                       # hpc_master.trialjob / hpc_master.tasks.job fill it
+    request = JobRequest(...)                       # hpc_master.trialjob / hpc_master.taskjob fill it
     job = plan_job(request, TrialJobPlan, ...)       # the JobSpec, the rendered script, the run directory's files
 
 What a trial's or a task's job has in common lives here: the resource pool (:class:`PoolSpec`) and the master's

@@ -22,6 +22,7 @@ from hpc_master.services import checkpoints as ckpts
 from hpc_master.services import redact, workspaces
 from hpc_master.services.checkpoint_usage import StorageTotals
 from hpc_master.services.checkpoint_views import CheckpointView
+from hpc_master.services.stored_config import experiment_config
 from hpc_master.services.users import Principal
 
 # libyaml's safe dumper when PyYAML has it (same text, ~5x faster: a page of other users' experiments dumps
@@ -77,12 +78,14 @@ def experiment_to_api(
     config as ``redact.shown`` gives it (secret-looking values masked), and the original text as that masked
     config's YAML. `storage`: its checkpoints' totals (``checkpointSize``, ``checkpointCount``, ...), when the
     caller read them."""
-    searcher = experiment.config.get("searcher") or {}
+    typed = experiment_config(experiment)
+    searcher = typed.searcher
+    workspace, project = workspaces.names_of(typed)
     out: dict[str, Any] = {
         "id": experiment.id,
         "name": experiment.name,
         "description": experiment.description,
-        "labels": experiment.config.get("labels") or [],
+        "labels": list(typed.labels),
         "state": api_state(experiment.state),
         "archived": experiment.archived,
         "startTime": iso(experiment.start_time),
@@ -91,16 +94,16 @@ def experiment_to_api(
         "username": username,
         "displayName": username,
         "resourcePool": experiment.resource_pool,
-        "searcherType": searcher.get("name", "") if isinstance(searcher, dict) else "",
-        "searcherMetric": searcher.get("metric", "") if isinstance(searcher, dict) else "",
+        "searcherType": searcher.name if searcher is not None else "",
+        "searcherMetric": (searcher.metric or "") if searcher is not None else "",
         "progress": experiment.progress,
         "forkedFrom": experiment.parent_id,
         "projectId": workspaces.DEFAULT_ID,
         "projectOwnerId": 1,  # the one default project's (Determined's client requires the field)
         "workspaceId": workspaces.DEFAULT_ID,
         # The config's `workspace` and `project` keys, stored and shown (services.workspaces).
-        "workspaceName": workspaces.names_of(experiment.config)[0],
-        "projectName": workspaces.names_of(experiment.config)[1],
+        "workspaceName": workspace,
+        "projectName": project,
         "parentArchived": False,
         "notes": "",
         "jobId": f"exp-{experiment.id}",
@@ -222,7 +225,9 @@ def checkpoints_to_api(
         experiment = view.experiment
         if experiment.id not in configs:
             config = dict(experiment.config or {})
-            config["checkpoint_storage"] = ckpts.effective_storage(config, default_root)
+            config["checkpoint_storage"] = ckpts.effective_storage(
+                experiment_config(experiment), default_root
+            )
             configs[experiment.id] = redact.shown(config, principal, experiment.owner_id)
         hparams = redact.shown(view.trial.hparams, principal, experiment.owner_id)
         out.append(_checkpoint_json(view, configs[experiment.id], hparams))

@@ -33,7 +33,9 @@ from hpc_master.services.checkpoint_policy import GCPolicy
 from hpc_master.services.checkpoint_usage import StorageTotals, experiment_totals
 from hpc_master.services.common import get_or_404
 from hpc_master.services.experiment_patch import patch_experiment
+from hpc_master.services.experiments import searcher_metric
 from hpc_master.services.states import TERMINAL_TRIAL_STATES
+from hpc_master.services.stored_config import experiment_config
 
 router = APIRouter(prefix="/api/v1", tags=["checkpoints"])
 legacy = APIRouter(include_in_schema=False)
@@ -89,10 +91,11 @@ def preview_gc(
     with state.tx() as session:
         experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
         default = GCPolicy(**state.config.checkpoint_storage.model_dump(include=set(given)))
-        policy = GCPolicy.of({**gc.experiment_policy(experiment.config, default).as_dict(),
+        config = experiment_config(experiment)
+        policy = GCPolicy.of({**gc.experiment_policy(config, default).as_dict(),
                               **{k: v for k, v in given.items() if v is not None}})  # fmt: skip
         items = gc.preview(session, experiment_id, policy)
-        metric_name = (experiment.config.get("searcher") or {}).get("metric")
+        metric_name, _ = searcher_metric(config)
         checkpoints = [_previewed(p) for p in items]
     return {"checkpoints": checkpoints, "metric_name": metric_name, "policy": policy.as_dict()}
 

@@ -17,6 +17,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from hpc_master.admission import admit_task
 from hpc_master.api.bounds import Id, Limit, OptionalId
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.schemas import ApiModel, ModelDefinitionFile
@@ -24,12 +25,12 @@ from hpc_master.api.streams import open_stream, stream_threads
 from hpc_master.db.models import UserModel
 from hpc_master.errors import ClientError
 from hpc_master.expconf import load_yaml
-from hpc_master.jobplan import DEFAULT_MAX_CONTEXT_BYTES, JobPaths, pool_from_master_config
+from hpc_master.expconf.tasks import TaskType
 from hpc_master.services import context as ctx
 from hpc_master.services import logs, notify
+from hpc_master.services.stored_config import task_config
+from hpc_master.taskjob import task_run_dir
 from hpc_master.tasks import service as svc
-from hpc_master.tasks.config import TaskType, parse_task_config
-from hpc_master.tasks.job import build_task_job, task_argv, task_run_dir
 from hpc_master.tasks.tensorboard import logdir_spec
 from hpc_master.trialjob import user_job_root
 
@@ -69,22 +70,16 @@ def launch(state: State, principal: Any, body: LaunchTaskRequest, task_type: Tas
     if body.workspace_id not in (None, 0, svc.WORKSPACE_ID):
         raise ClientError(f"workspace {body.workspace_id} not found", code="not_found", field="workspaceId")
     raw = load_yaml(body.config) if isinstance(body.config, str) else body.config
-    config = parse_task_config(raw, task_type)
-    pool = pool_from_master_config(state.config, config.resources.resource_pool)
-    root = str(state.config.job_storage_dir())
     files = ctx.parse_model_definition([f.model_dump(by_alias=False) for f in body.files])
-    build_task_job(  # the dry run: whatever submission would refuse is refused now, naming the field
-        config,
+    admitted = admit_task(
+        raw,
         task_type,
-        pool,
-        task_id=svc.new_task_id(),
-        argv=task_argv(config, task_type, "python3") or ["true"],
-        paths=JobPaths(job_storage_root=root, checkpoint_root="", platform_root="/hpc-det", python="python3"),
+        state.config,
         master_url=state.config.master_url(),
         cluster_id=state.cluster_id,
         has_context=bool(files),
-        max_context_bytes=DEFAULT_MAX_CONTEXT_BYTES,
     )
+    config, pool, root = admitted.config, admitted.pool, str(state.config.job_storage_dir())
     archive = ctx.pack_context(files) if files else None
     experiment_ids, trial_ids = body.experiment_ids or [], body.trial_ids or []
     if task_type is not TaskType.TENSORBOARD and (experiment_ids or trial_ids):
@@ -198,7 +193,7 @@ def get_task(task_id: TaskId, state: State, principal: UserPrincipal) -> dict[st
                         "isReady": task.state == svc.TaskState.RUNNING,
                         "startTime": api["startTime"],
                         "endTime": api["endTime"],
-                        "slots": int((task.config.get("resources") or {}).get("slots", 1)),
+                        "slots": task_config(task).resources.slots,
                     }
                 ],
                 **{k: api[k] for k in ("description", "exitStatus", "exitCode", "slurmJobId", "nodeList")},

@@ -34,6 +34,7 @@ from hpc_master.services import webui as ui
 from hpc_master.services.common import get_or_404
 from hpc_master.services.curves import CurveCache, ExperimentCurves
 from hpc_master.services.experiments import owner_id_of, searcher_metric
+from hpc_master.services.stored_config import experiment_config
 from slurm_backend.cli import SlurmCli
 from slurm_backend.cluster_view import DEFAULT_TTL_S, CachedClusterView, ClusterView
 from webui import ASSETS_DIR
@@ -114,7 +115,7 @@ async def metric_names(
     def names(_cursor: Any = None) -> tuple[dict[str, Any], Any]:
         with state.tx() as session:
             experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
-            metric, _ = searcher_metric(experiment.config)
+            metric, _ = searcher_metric(experiment_config(experiment))
         curves.refresh(state.tx)  # never inside a transaction: it takes the curves' lock first
         by_group = curves.names()
         return {
@@ -225,7 +226,7 @@ async def trials_sample(
 
 def _best_trials(session: Any, experiment_id: int, ids: list[int], n: int) -> list[int]:
     experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
-    _, smaller = searcher_metric(experiment.config)
+    _, smaller = searcher_metric(experiment_config(experiment))
     rows = session.execute(
         TrialModel.__table__.select()
         .with_only_columns(TrialModel.id, TrialModel.best_validation)

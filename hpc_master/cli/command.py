@@ -93,7 +93,7 @@ def add_launch_flags(p: argparse.ArgumentParser) -> None:
 def launch(
     args: argparse.Namespace, entrypoint: list[str] | None = None, extra: dict[str, Any] | None = None
 ) -> tuple[Session, dict[str, Any]]:
-    from hpc_master.tasks.config import TaskType, parse_task_config
+    from hpc_master.expconf.tasks import TaskType, parse_task_config
 
     config = task_config(args.config_file, args.overrides, args.volume, entrypoint or [])
     parse_task_config(config, TaskType(args.key.upper()))

@@ -3,7 +3,7 @@
 Bad input exits with status 2 and the precise error (the YAML path and what is allowed); nothing is sent to a
 master, so this works on a login node with no master running.
 
-The config goes through the same pipeline as the master's create (`expconf.pipeline.load_experiment_config`):
+The config goes through the same pipeline as the master's create (`admission.load_experiment_config`):
 the typed model, the sbatch-options policy, the master's defaults merged with Determined's eventually-required
 fields checked, and a dry run of the trial's job script. With ``--master-config master.yaml`` the defaults and
 the resource pool are the master's own, so preview refuses what create would. Without it the built-in defaults
@@ -18,8 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+from hpc_master.admission import CheckedConfig, load_experiment_config
 from hpc_master.errors import ConfigError
-from hpc_master.expconf.pipeline import CheckedConfig, load_experiment_config
 from hpc_master.masterconf import load_master_config
 from searcher.plan import format_plan, plan_search
 

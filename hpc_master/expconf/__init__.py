@@ -6,7 +6,7 @@ Two phases::
     cfg = parse_experiment_config(yaml_text)            # the config alone; raises ExperimentConfigError
     cfg = complete_experiment_config(cfg, defaults)     # merge master defaults, check it can run
 
-Configs from users enter through `hpc_master.expconf.pipeline.load_experiment_config`, which runs both phases
+Configs from users enter through `hpc_master.admission.load_experiment_config`, which runs both phases
 and then a dry run of the trial's job script against the target pool (not imported here: it needs the job
 builder, which needs this package).
 

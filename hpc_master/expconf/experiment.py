@@ -259,6 +259,16 @@ class ExperimentConfig(StrictModel):
             return self.length_in(length, unit, field="searcher.max_time")
         return self.length_in(length, unit, field="searcher.max_length")
 
+    def checkpoint_storage_dict(self) -> dict[str, Any] | None:
+        """The ``checkpoint_storage`` section with the fields the config gave (a GC-only section's unset
+        fields come from the master's policy, not the model's defaults); None when there is none."""
+        storage = self.checkpoint_storage
+        return (
+            None
+            if storage is None
+            else storage.model_dump(mode="json", exclude_unset=True, exclude_none=True)
+        )
+
     @property
     def storage(self) -> AnyStorage | None:
         """The typed storage; None while unset or only GC fields (before the master's defaults are merged)."""

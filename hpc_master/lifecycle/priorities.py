@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from det_errors import SlurmError
 from hpc_master import priority
 from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel, UserModel
+from hpc_master.expconf import ExperimentConfigError, ResourcesConfig, parse_experiment_config
 from hpc_master.masterconf import MasterConfig
 from hpc_master.services.states import LIVE_RUN_STATES, RunState
 from slurm_backend import Outcome, Poller, SlurmCli
@@ -27,11 +28,6 @@ from slurm_backend.cli import SlurmUnavailableError
 
 log = logging.getLogger(__name__)
 RENICE_EVERY_S = 2.0
-
-
-def _resources(config: Any) -> dict[str, Any]:
-    resources = config.get("resources") if isinstance(config, dict) else None
-    return resources if isinstance(resources, dict) else {}
 
 
 @dataclass(frozen=True)
@@ -72,13 +68,14 @@ class KnobCache:
                 )
             )
             for exp_id, version, config in rows:
-                r = _resources(config)
-                per_trial = r.get("slots_per_trial", 1)
+                try:  # one default for each knob, the model's
+                    r = parse_experiment_config(config or {}).resources
+                except ExperimentConfigError as err:  # the job driver fails such an experiment, saying why
+                    log.warning("experiment %s: its stored config does not parse (%s)", exp_id, err.message)
+                    r = ResourcesConfig()
                 self._by_id[exp_id] = (version, Knobs(
-                    priority=r["priority"] if isinstance(r.get("priority"), int) else None,
-                    max_slots=r["max_slots"] if isinstance(r.get("max_slots"), int) else None,
-                    slots_per_trial=per_trial if isinstance(per_trial, int) else 1,
-                    pool=r.get("resource_pool") if isinstance(r.get("resource_pool"), str) else None,
+                    priority=r.priority, max_slots=r.max_slots, slots_per_trial=r.slots_per_trial,
+                    pool=r.resource_pool,
                 ))  # fmt: skip
             if len(self._by_id) > self.max_entries:
                 for old in [i for i in self._by_id if i not in versions][

@@ -46,6 +46,7 @@ from hpc_master.db.models import (
     UserModel,
     utcnow,
 )
+from hpc_master.expconf import ExperimentConfig
 from hpc_master.services.checkpoint_policy import CheckpointFacts, GCPolicy, checkpoints_to_delete
 from hpc_master.services.checkpoint_remover import CheckpointRemover, Owner, Removal
 from hpc_master.services.checkpoints import checkpoint_dir_map
@@ -54,6 +55,7 @@ from hpc_master.services.lifecycle import GC_TRIAL_STATES
 from hpc_master.services.metrics import metric_value
 from hpc_master.services.models_registry import registered_checkpoints
 from hpc_master.services.states import LIVE_RUN_STATES, TERMINAL_TRIAL_STATES, ExperimentState
+from hpc_master.services.stored_config import StoredConfigError, experiment_config
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +74,8 @@ def retry_delay(attempts: int) -> dt.timedelta:
     return dt.timedelta(seconds=min(RETRY_FIRST_S * 2 ** max(attempts - 1, 0), RETRY_MAX_S))
 
 
-def experiment_policy(config: Mapping[str, Any], default: GCPolicy | None = None) -> GCPolicy:
-    return GCPolicy.of(config.get("checkpoint_storage"), default)
+def experiment_policy(config: ExperimentConfig, default: GCPolicy | None = None) -> GCPolicy:
+    return GCPolicy.of(config.checkpoint_storage_dict(), default)
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,7 @@ def select_for_gc(
     experiment = session.get(ExperimentModel, experiment_id)
     if experiment is None:
         return []
-    config = experiment.config or {}
+    config = experiment_config(experiment)
     policy = policy or experiment_policy(config, default)
     metric_name, smaller_is_better = searcher_metric(config)
     trials = session.execute(
@@ -172,7 +174,7 @@ def preview(session: Session, experiment_id: int, policy: GCPolicy) -> list[Prev
     if not uuids:
         return []
     experiment = session.get(ExperimentModel, experiment_id)
-    metric_name, _ = searcher_metric(experiment.config if experiment is not None else {})
+    metric_name, _ = searcher_metric(experiment_config(experiment) if experiment is not None else None)
     rows = session.execute(
         select(CheckpointModel, MetricModel.metrics)
         .outerjoin(
@@ -332,7 +334,10 @@ def plan_collection(
     for experiment_id, last_id in requests.items():
         state = session.scalar(select(ExperimentModel.state).where(ExperimentModel.id == experiment_id))
         if state is not None and state not in SKIPPED_EXPERIMENTS:
-            uuids += select_for_gc(session, experiment_id, default=default_policy)
+            try:
+                uuids += select_for_gc(session, experiment_id, default=default_policy)
+            except StoredConfigError as err:  # no policy to apply: its checkpoints are kept
+                log.warning("checkpoint GC skips experiment %s: %s", experiment_id, err.message)
         session.execute(
             delete(CheckpointGCRequestModel).where(
                 CheckpointGCRequestModel.experiment_id == experiment_id,

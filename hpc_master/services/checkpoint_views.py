@@ -20,9 +20,11 @@ from sqlalchemy.orm import Session
 
 from hpc_master.db.models import CheckpointModel, ExperimentModel, MetricModel, TrialModel
 from hpc_master.errors import ClientError, NotFoundError
+from hpc_master.expconf import ExperimentConfig
 from hpc_master.services.common import get_or_404
 from hpc_master.services.experiments import searcher_metric
 from hpc_master.services.metrics import metric_value
+from hpc_master.services.stored_config import experiment_config
 
 SORT_ATTRS = (
     "SORT_BY_UNSPECIFIED",
@@ -122,7 +124,7 @@ def _views(session: Session, where: ColumnElement[bool]) -> list[CheckpointView]
         e.id: e
         for e in session.scalars(select(ExperimentModel).where(ExperimentModel.id.in_(experiment_ids)))
     }
-    metric_names = {i: searcher_metric(e.config or {})[0] for i, e in experiments.items()}
+    metric_names = {i: searcher_metric(experiment_config(e))[0] for i, e in experiments.items()}
     out = []
     for ckpt, trial, metrics in rows.values():
         name = metric_names[trial.experiment_id]
@@ -158,7 +160,7 @@ def experiment_checkpoints(session: Session, experiment_id: int, query: Checkpoi
     experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
     query = query.normalized()
     views = _views(session, TrialModel.experiment_id == experiment_id)
-    return _page(views, query, experiment.config or {})
+    return _page(views, query, experiment_config(experiment))
 
 
 def trial_checkpoints(session: Session, trial_id: int, query: CheckpointQuery) -> CheckpointPage:
@@ -166,10 +168,10 @@ def trial_checkpoints(session: Session, trial_id: int, query: CheckpointQuery) -
     experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
     query = query.normalized()
     views = _views(session, CheckpointModel.trial_id == trial_id)
-    return _page(views, query, experiment.config or {})
+    return _page(views, query, experiment_config(experiment))
 
 
-def _page(views: list[CheckpointView], query: CheckpointQuery, config: dict[str, Any]) -> CheckpointPage:
+def _page(views: list[CheckpointView], query: CheckpointQuery, config: ExperimentConfig) -> CheckpointPage:
     if query.states:
         views = [v for v in views if v.checkpoint.state in query.states]
     ordered = sort_views(views, query, config)
@@ -178,7 +180,7 @@ def _page(views: list[CheckpointView], query: CheckpointQuery, config: dict[str,
 
 
 def sort_views(
-    views: Sequence[CheckpointView], query: CheckpointQuery, config: dict[str, Any]
+    views: Sequence[CheckpointView], query: CheckpointQuery, config: ExperimentConfig
 ) -> list[CheckpointView]:
     """Determined's order (`query` normalized; `config`: the experiment's, for its searcher metric):
 

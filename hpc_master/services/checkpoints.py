@@ -15,8 +15,10 @@ from sqlalchemy.orm import Session
 
 from hpc_master.db.models import CheckpointModel, ExperimentModel, TrialModel, utcnow
 from hpc_master.errors import ClientError, ConflictError
+from hpc_master.expconf import ExperimentConfig
 from hpc_master.services.checkpoint_policy import GC_FIELDS
 from hpc_master.services.common import get_or_404
+from hpc_master.services.stored_config import experiment_config
 
 CHECKPOINT_STATES = {"ACTIVE", "COMPLETED", "ERROR", "DELETED", "PARTIALLY_DELETED"}
 UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -85,18 +87,18 @@ def get_checkpoint(session: Session, uuid: str) -> CheckpointModel:
     return get_or_404(session, CheckpointModel, uuid, "checkpoint")
 
 
-def effective_storage(experiment_config: Mapping[str, Any], default_root: Path) -> dict[str, Any]:
+def effective_storage(experiment_config: ExperimentConfig, default_root: Path) -> dict[str, Any]:
     """An experiment's checkpoint storage as its trials' jobs get it (``trialjob``): the stored section when it
     names a type; otherwise (no section, or one with only the GC fields, which a job ignores) ``shared_fs`` at
     the master's root, `default_root` (``MasterConfig.checkpoint_dir()``), with the section's GC fields."""
-    storage = experiment_config.get("checkpoint_storage")
+    storage = experiment_config.checkpoint_storage_dict()
     if isinstance(storage, Mapping) and storage.get("type") is not None:
         return dict(storage)
     gc_fields = {k: v for k, v in storage.items() if k in GC_FIELDS} if isinstance(storage, Mapping) else {}
     return {"type": "shared_fs", "host_path": str(default_root), **gc_fields}
 
 
-def storage_root(experiment_config: Mapping[str, Any], default_root: Path) -> Path | None:
+def storage_root(experiment_config: ExperimentConfig, default_root: Path) -> Path | None:
     """Where an experiment's checkpoints live on this host, from its stored config (the master's root when it
     names no storage); None for storage the master cannot see the same way (a container-side directory)."""
     storage = effective_storage(experiment_config, default_root)
@@ -113,13 +115,13 @@ def checkpoint_dir_map(session: Session, uuids: Iterable[str], default_root: Pat
     never from a caller's string; None for a row with a non-canonical uuid (none since uuids are checked
     where they enter) or in storage the master cannot see. Unknown uuids are left out."""
     rows = session.execute(
-        select(CheckpointModel.uuid, ExperimentModel.config)
+        select(CheckpointModel.uuid, ExperimentModel)
         .join(TrialModel, TrialModel.id == CheckpointModel.trial_id)
         .join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
         .where(CheckpointModel.uuid.in_(list(uuids)))
     ).all()
     out: dict[str, Path | None] = {}
-    for uuid, config in rows:
-        root = storage_root(config or {}, default_root)
+    for uuid, experiment in rows:
+        root = storage_root(experiment_config(experiment), default_root)
         out[uuid] = root / uuid if root is not None and UUID_RE.fullmatch(uuid) else None
     return out

@@ -15,6 +15,7 @@ from hpc_master.services.checkpoint_policy import GC_FIELDS
 from hpc_master.services.common import record_event
 from hpc_master.services.experiments import can_modify
 from hpc_master.services.lifecycle import request_checkpoint_gc
+from hpc_master.services.stored_config import edited_config, stored_labels
 from hpc_master.services.users import Principal
 
 RESOURCE_DEFAULTS: dict[str, Any] = {"max_slots": None, "priority": None, "weight": 1.0}
@@ -48,25 +49,21 @@ def patch_experiment(
         raise NotFoundError(f"experiment {experiment_id} not found")
     can_modify(principal, experiment)
     values: dict[str, Any] = {}
-    config = dict(experiment.config or {})
+    set_in_config: dict[str, Any] = {}
     if name is not None:
-        values["name"] = config["name"] = name
+        values["name"] = set_in_config["name"] = name
     if description is not None:
-        values["description"] = config["description"] = description
+        values["description"] = set_in_config["description"] = description
     if labels is not None:
-        config["labels"] = check_labels(labels)
+        set_in_config["labels"] = check_labels(labels)
     policy = {k: v for k, v in (gc_policy or {}).items() if v is not None}
     if set(policy) - set(GC_FIELDS):
         raise ClientError(f"unknown GC policy fields {sorted(set(policy) - set(GC_FIELDS))}")
-    if policy:
-        storage = config.get("checkpoint_storage")
-        config["checkpoint_storage"] = {**(storage if isinstance(storage, dict) else {}), **policy}
     wanted = {k: RESOURCE_DEFAULTS[k] if v is None else v for k, v in (resources or {}).items()}
     if set(wanted) - set(RESOURCE_DEFAULTS):
         raise ClientError(f"unknown resources fields {sorted(set(wanted) - set(RESOURCE_DEFAULTS))}")
-    if wanted:
-        current = config.get("resources")
-        config["resources"] = {**(current if isinstance(current, dict) else {}), **wanted}
+    merged = {k: v for k, v in (("checkpoint_storage", policy), ("resources", wanted)) if v}
+    config = edited_config(experiment, set_in_config, merged)  # checked by the typed model, as stored
     if config != (experiment.config or {}):
         values["config"] = config
     if not values:
@@ -108,11 +105,6 @@ def check_labels(labels: Sequence[str]) -> list[str]:
     return out
 
 
-def labels_of(experiment: ExperimentModel) -> list[str]:
-    labels = (experiment.config or {}).get("labels")
-    return [str(label) for label in labels] if isinstance(labels, list) else []
-
-
 def change_label(
     session: Session, principal: Principal, experiment_id: int, label: str, *, add: bool
 ) -> list[str]:
@@ -121,10 +113,10 @@ def change_label(
     if experiment is None:
         raise NotFoundError(f"experiment {experiment_id} not found")
     can_modify(principal, experiment)
-    labels = labels_of(experiment)
+    labels = stored_labels(experiment)
     wanted = [*labels, label] if add else [x for x in labels if x != label]
     if add:
         check_labels([label])
     if wanted == labels:
         return labels
-    return labels_of(patch_experiment(session, principal, experiment_id, labels=wanted))
+    return stored_labels(patch_experiment(session, principal, experiment_id, labels=wanted))

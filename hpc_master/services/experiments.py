@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
+from hpc_master.admission import load_experiment_config
 from hpc_master.db.models import (
     CheckpointModel,
     EventModel,
@@ -18,7 +19,7 @@ from hpc_master.db.models import (
     UserModel,
 )
 from hpc_master.errors import ClientError, PermissionDeniedError
-from hpc_master.expconf.pipeline import load_experiment_config
+from hpc_master.expconf import ExperimentConfig
 from hpc_master.masterconf import MasterConfig
 from hpc_master.services import context as ctx
 from hpc_master.services.common import InvalidTransitionError, get_or_404, record_event
@@ -41,25 +42,30 @@ from hpc_master.services.users import Principal
 
 @dataclass(frozen=True)
 class ParsedConfig:
-    config: dict[str, Any]
+    config: dict[str, Any]  # as stored: the completed config's ``to_dict()``
     warnings: list[str] = field(default_factory=list)
+    typed: ExperimentConfig | None = None  # the completed config itself
 
 
 def parse_config(text: str, master: MasterConfig | None = None) -> ParsedConfig:
-    """The config as it will be stored: through the one pipeline (`expconf.pipeline.load_experiment_config`):
+    """The config as it will be stored: through the one pipeline (`admission.load_experiment_config`):
     strict YAML, the typed model, `master`'s defaults merged and the experiment seed fixed (so the stored config
     alone reproduces the search), and a dry run of the first trial's job against the target pool.
 
     `master` None (tests, tools): the built-in master defaults and a stand-in pool."""
     checked = load_experiment_config(text, master)
-    return ParsedConfig(config=checked.config.to_dict(), warnings=list(checked.warnings))
+    return ParsedConfig(
+        config=checked.config.to_dict(), warnings=list(checked.warnings), typed=checked.config
+    )
 
 
-def searcher_metric(config: dict[str, Any]) -> tuple[str | None, bool]:
-    searcher = config.get("searcher") or {}
-    metric = searcher.get("metric") if isinstance(searcher, dict) else None
-    smaller = searcher.get("smaller_is_better", True) if isinstance(searcher, dict) else True
-    return (metric if isinstance(metric, str) else None), bool(smaller)
+def searcher_metric(config: ExperimentConfig | None) -> tuple[str | None, bool]:
+    """The searcher's metric (None when the config has no searcher or names none) and whether smaller is
+    better (Determined's default, True, when it does not say)."""
+    searcher = config.searcher if config is not None else None
+    if searcher is None:
+        return None, True
+    return searcher.metric, searcher.smaller_is_better
 
 
 def can_modify(principal: Principal, experiment: ExperimentModel) -> None:
@@ -89,14 +95,13 @@ def create_experiment(
         get_or_404(session, ExperimentModel, parent_id, "experiment")
     if validate_only:
         return None, parsed
-    resources = parsed.config.get("resources") or {}
-    pool = resources.get("resource_pool") if isinstance(resources, dict) else None
-    name = parsed.config.get("name")
-    description = parsed.config.get("description")
+    typed = parsed.typed
+    assert typed is not None
+    pool = typed.resources.resource_pool
     experiment = ExperimentModel(
         owner_id=principal.user_id,
-        name=str(name) if name else "",
-        description=str(description) if description else "",
+        name=typed.name or "",
+        description=typed.description or "",
         state=ExperimentState.ACTIVE if activate else ExperimentState.PAUSED,
         config_text=config_text,
         config=parsed.config,

@@ -15,6 +15,7 @@ from hpc_master.services.lifecycle import live_run_of, mark_stop_delivered
 from hpc_master.services.metrics import MetricReport, metric_value
 from hpc_master.services.searcher_units import searcher_max_length, searcher_units
 from hpc_master.services.states import EARLY_EXIT_REASONS
+from hpc_master.services.stored_config import experiment_config
 
 
 def parse_allocation_id(allocation_id: str) -> tuple[int, int]:
@@ -110,7 +111,7 @@ def searcher_operation(session: Session, trial_id: int, *, deliver: bool) -> tup
     if completed is None:
         return length, OpState.READY
     experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
-    max_length = searcher_max_length(experiment.config)
+    max_length = searcher_max_length(experiment_config(experiment))
     if max_length is not None and length >= max_length:
         # No search method asks a trial to train past max_length: the script may end now, without waiting
         # for the lifecycle loop to show the searcher this completion (it closes the trial then).
@@ -138,7 +139,7 @@ def complete_searcher_operation(session: Session, trial_id: int, length: int, me
     if metric is not None:
         trial.searcher_metric = metric
         experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
-        _, smaller = searcher_metric(experiment.config)
+        _, smaller = searcher_metric(experiment_config(experiment))
         best = trial.best_validation
         if best is None or (metric < best if smaller else metric > best):
             trial.best_validation = metric
@@ -155,20 +156,21 @@ def record_validations_for_searcher(session: Session, trial_id: int, reports: li
         return
     trial = get_or_404(session, TrialModel, trial_id, "trial")
     experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
-    name, _ = searcher_metric(experiment.config)
+    config = experiment_config(experiment)
+    name, _ = searcher_metric(config)
     if name is None:
         return
     for report in validations:
         value = metric_value(report.metrics, name)
         if value is None:
             continue
-        units = searcher_units(experiment.config, report.steps_completed, report.metrics)
+        units = searcher_units(config, report.steps_completed, report.metrics)
         complete_searcher_operation(session, trial_id, units, value)
 
 
 def best_searcher_validation(session: Session, experiment_id: int) -> float | None:
     experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
-    _, smaller = searcher_metric(experiment.config)
+    _, smaller = searcher_metric(experiment_config(experiment))
     agg = func.min if smaller else func.max
     value = session.scalar(
         select(agg(SearcherOpCompletionModel.metric))

@@ -49,9 +49,7 @@ from hpc_master.services.states import (
     can_transition_trial,
     next_step,
 )
-
-DEFAULT_MAX_RESTARTS = 5
-
+from hpc_master.services.stored_config import StoredConfigError, experiment_config
 
 # ---------------------------------------------------------------- the two choke points
 
@@ -241,8 +239,10 @@ class RunOutcome:
 
 
 def _max_restarts(experiment: ExperimentModel) -> int:
-    value = experiment.config.get("max_restarts", DEFAULT_MAX_RESTARTS)
-    return int(value) if isinstance(value, int) else DEFAULT_MAX_RESTARTS
+    try:
+        return experiment_config(experiment).max_restarts
+    except StoredConfigError:  # a config this master refuses cannot run again: its trials get no restarts
+        return 0
 
 
 def finish_trial_run(

@@ -21,10 +21,12 @@ from hpc_master.db.models import (
     TrialRunModel,
     UserModel,
 )
+from hpc_master.expconf import ExperimentConfig
 from hpc_master.services.curves import numeric_metrics
 from hpc_master.services.downsample import MinMaxCurve
 from hpc_master.services.experiments import normalise_states, searcher_metric
 from hpc_master.services.states import LIVE_RUN_STATES
+from hpc_master.services.stored_config import experiment_config
 from searcher.base import WORST_METRIC
 
 EXPERIMENT_SORTS: dict[str, Any] = {
@@ -96,7 +98,7 @@ def list_experiments(
     rows = []
     for experiment, username in page:
         count, low, high = stats.get(experiment.id, (0, None, None))
-        _, smaller = searcher_metric(experiment.config)
+        _, smaller = searcher_metric(experiment_config(experiment))
         rows.append(ExperimentRow(experiment, username, int(count), low if smaller else high))
     return rows, total
 
@@ -156,14 +158,14 @@ def run_is_live(run: TrialRunModel | None) -> bool:
 # ---------------------------------------------------------------- ASHA rungs
 
 
-def _rung_lengths(config: dict[str, Any], brackets: int) -> list[list[int]] | None:
+def _rung_lengths(config: ExperimentConfig, brackets: int) -> list[list[int]] | None:
     """Each bracket's rung lengths (in the searcher's unit), or None if the config does not say."""
     try:
         from searcher.adaptive_asha import brackets_for
         from searcher.asha import rung_lengths
         from searcher.config import parse_searcher_config
 
-        cfg = parse_searcher_config(config.get("searcher") or {})
+        cfg = parse_searcher_config(config.searcher_dict() or {})
         if cfg.max_length is None:
             return None
         adaptive = cfg.name == "adaptive_asha"
@@ -182,13 +184,13 @@ def searcher_rungs(session: Session, experiment: ExperimentModel) -> dict[str, A
     checkpointed and holding no slots, for a later result to promote it), ``running`` (training towards this
     rung), or ``stopped``. ``resumed`` marks a trial that was paused and later promoted.
     """
-    searcher = experiment.config.get("searcher") or {}
-    name = searcher.get("name", "") if isinstance(searcher, dict) else ""
+    config = experiment_config(experiment)
+    searcher = config.searcher
     snapshot = experiment.searcher_snapshot or {}
     algorithm = (snapshot.get("method") or {}).get("algorithm") if isinstance(snapshot, dict) else None
     out: dict[str, Any] = {
-        "searcherType": name,
-        "promotion": (searcher.get("promotion") if isinstance(searcher, dict) else None) or "pause",
+        "searcherType": searcher.name if searcher is not None else "",
+        "promotion": getattr(searcher, "promotion", None) or "pause",
         "brackets": [],
     }
     if not isinstance(algorithm, dict):
@@ -211,10 +213,10 @@ def searcher_rungs(session: Session, experiment: ExperimentModel) -> dict[str, A
             )
         )
     )
-    lengths = _rung_lengths(experiment.config, len(states))
+    lengths = _rung_lengths(config, len(states))
     # The searcher keeps every metric signed so that smaller is better (searcher.base): the user reported, and
     # sees, the metric in its own direction.
-    sign = 1.0 if (searcher.get("smaller_is_better", True) if isinstance(searcher, dict) else True) else -1.0
+    sign = 1.0 if searcher is None or searcher.smaller_is_better else -1.0
     for b, state in enumerate(states):
         awaiting = set(state.get("awaiting") or [])
         at_rung = {str(rid): int(r) for rid, r in state.get("trial_rung") or []}

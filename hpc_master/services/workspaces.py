@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from hpc_master.db.models import ExperimentModel, UserModel
 from hpc_master.errors import NotFoundError
+from hpc_master.expconf import ExperimentConfig
 from hpc_master.services.states import ExperimentState
 from hpc_master.services.users import Principal
 
@@ -24,13 +25,9 @@ PROJECT_KEY = "UNCAT"
 _STATE = "WORKSPACE_STATE_UNSPECIFIED"
 
 
-def names_of(config: dict[str, Any]) -> tuple[str, str]:
+def names_of(config: ExperimentConfig) -> tuple[str, str]:
     """The workspace and project names an experiment's config gives, or the defaults."""
-    workspace, project = config.get("workspace"), config.get("project")
-    return (
-        workspace if isinstance(workspace, str) and workspace else DEFAULT_NAME,
-        project if isinstance(project, str) and project else DEFAULT_NAME,
-    )
+    return config.workspace or DEFAULT_NAME, config.project or DEFAULT_NAME
 
 
 def require_default(kind: str, ident: int | str) -> None:

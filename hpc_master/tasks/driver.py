@@ -33,13 +33,13 @@ from hpc_master.asuser import AsUser, JobOwner, RunFiles
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import TaskModel, UserModel, utcnow
 from hpc_master.errors import ClientError
+from hpc_master.expconf.tasks import TaskType
 from hpc_master.lifecycle.outcomes import JobEnd, task_end
 from hpc_master.lifecycle.slurm_jobs import ByComment, JobToSubmit, Lost, Refused, SlurmJobs, Waits
 from hpc_master.lifecycle.waiting import SLURM_UNAVAILABLE
 from hpc_master.masterconf import MasterConfig
-from hpc_master.tasks import service as svc
-from hpc_master.tasks.config import TaskType, duration_s, parse_task_config
-from hpc_master.tasks.job import (
+from hpc_master.services.stored_config import task_config
+from hpc_master.taskjob import (
     SERVICE_FILE,
     SERVICE_TYPES,
     TASKS_DIR,
@@ -48,6 +48,7 @@ from hpc_master.tasks.job import (
     task_argv,
     task_comment,
 )
+from hpc_master.tasks import service as svc
 from hpc_master.trialjob import DEFAULT_MAX_CONTEXT_BYTES, JobPaths, pool_from_master_config
 from slurm_backend import JobStatus, Outcome, Poller, SlurmCli
 
@@ -183,7 +184,7 @@ class TaskDriver:
             task = s.get(TaskModel, task_id)
             assert task is not None
             task_type = TaskType(task.task_type)
-            config = parse_task_config(task.config, task_type)
+            config = task_config(task)
             archive = task.context_archive
             run_dir = task.run_dir
             service_args = list(task.service_args or [])
@@ -374,9 +375,9 @@ class TaskDriver:
 
 
 def idle_timeout_s(task: TaskModel, tensorboard_timeout_s: int | None) -> int | None:
-    raw = task.config.get("idle_timeout")
-    if raw is not None:
-        return duration_s(raw)
+    seconds = task_config(task).idle_timeout_s()
+    if seconds is not None:
+        return seconds
     return tensorboard_timeout_s if task.task_type == TaskType.TENSORBOARD else None
 
 

@@ -25,8 +25,9 @@ from sqlalchemy.orm import Session
 
 from hpc_master.db.models import TaskModel, UserModel, utcnow
 from hpc_master.errors import ClientError, NotFoundError
+from hpc_master.expconf.tasks import TaskConfig, TaskType
+from hpc_master.services.stored_config import task_config
 from hpc_master.services.users import Principal
-from hpc_master.tasks.config import TaskConfig, TaskType
 
 MAX_LIVE_TASKS_PER_USER = 100
 """Tasks not yet terminated, per user: a runaway script gets an error, not a thousand jobs."""
@@ -221,17 +222,17 @@ def preview_to_api(
 
 def allocation_summary(task: TaskModel, owner: UserModel) -> dict[str, Any]:
     """Determined's ``v1AllocationSummary`` (what ``det task list`` prints)."""
-    slots = int((task.config.get("resources") or {}).get("slots", 1))
+    resources = task_config(task).resources
     return {
         "taskId": task.id,
         "allocationId": f"{task.id}.1",
         "name": task.description,
         "registeredTime": _iso(task.start_time),
         "resourcePool": task.resource_pool,
-        "slotsNeeded": slots,
+        "slotsNeeded": resources.slots,
         "resources": [],
         "schedulerType": "slurm",
-        "priority": (task.config.get("resources") or {}).get("priority"),
+        "priority": resources.priority,
         "proxyPorts": [],
         "username": owner.username,
         "state": task.state,

@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session
 from harness.exec.job_plan import tensorboard_path
 from hpc_master.db.models import ExperimentModel, TrialModel
 from hpc_master.errors import ClientError, NotFoundError
-from hpc_master.expconf import DirectoryStorage, parse_experiment_config
+from hpc_master.expconf import DirectoryStorage
+from hpc_master.services.stored_config import experiment_config
 from hpc_master.services.users import Principal
 from hpc_master.trialjob import checkpoint_root_of
 
@@ -55,7 +56,7 @@ def logdir_spec(
             assert exp is not None
             if not principal.admin and exp.owner_id != principal.user_id:
                 raise NotFoundError(f"experiment {exp_id} not found among yours")
-            config = parse_experiment_config(exp.config)
+            config = experiment_config(exp)
             if isinstance(config.checkpoint_storage, DirectoryStorage):
                 raise ClientError(
                     f"experiment {exp_id} keeps its files in a directory seen only inside its image "

@@ -1,6 +1,6 @@
 """What only submission used to notice is refused when the config enters (issue: items 3 and 4).
 
-The one pipeline (`hpc_master.expconf.pipeline.load_experiment_config`): strict YAML → typed model → the master's
+The one pipeline (`hpc_master.admission.load_experiment_config`): strict YAML → typed model → the master's
 defaults → a dry run of the trial's job script against the target pool. Here: the config alone (the Slurm
 backend's sbatch-options policy, `slurm.slots_per_node`), the dry run against a master's pools, the master
 config's pool times and sizes parsed at load, Determined's eventually-required fields, and `det preview`.
@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+from hpc_master.admission import load_experiment_config
 from hpc_master.cli.main import main
 from hpc_master.errors import ConfigError
 from hpc_master.expconf import PartialStorage, SharedFSStorage, parse_experiment_config
-from hpc_master.expconf.pipeline import load_experiment_config
 from hpc_master.masterconf import MasterConfig, parse_master_config
 from hpc_master.trialjob import pool_from_master_config
 

@@ -21,9 +21,9 @@ from harness.exec.job_contract import (
 )
 from harness.exec.job_entry import exit_record, run_job
 from hpc_master.expconf import parse_experiment_config
+from hpc_master.expconf.tasks import TaskType, parse_task_config
 from hpc_master.jobplan import JobPaths, PoolSpec
-from hpc_master.tasks.config import TaskType, parse_task_config
-from hpc_master.tasks.job import TaskJobPlan, build_task_job
+from hpc_master.taskjob import TaskJobPlan, build_task_job
 from hpc_master.trialjob import TrialJobInputs, TrialJobPlan, build_trial_job
 from hpc_master.trialjob_files import write_run_dir
 

@@ -2,13 +2,14 @@
 ``hpc_master`` takes part in an import cycle (imports inside functions and under ``TYPE_CHECKING`` count, as in
 test_layering.py).
 
-From the bottom: ``db`` (the ORM rows) and ``expconf`` (experiment configs) import no other room; ``services``
-(what the API and the loop do with the database) builds on them; ``lifecycle`` (the loop driving searchers and
-the job layer) on services; ``tasks`` (commands, notebooks, shells, TensorBoards) on the job layer of lifecycle;
-``api`` (the routers) on services and tasks. ``cli`` (``det``) talks HTTP: of the master it imports the config
-models only, to check a config before sending it. ``deploy`` (``det deploy local``) imports no other room. The
-top-level modules (``masterconf``, ``trialjob``, ``asuser``, ``server``, ...) are not rooms; ``server`` wires
-everything.
+From the bottom: ``db`` (the ORM rows) and ``expconf`` (experiment and task configs) import no other room and
+no module above them; ``services`` (what the API and the loop do with the database) builds on them;
+``lifecycle`` (the loop driving searchers and the job layer) on services; ``tasks`` (commands, notebooks,
+shells, TensorBoards) on the job layer of lifecycle; ``api`` (the routers) on services and tasks. ``cli``
+(``det``) talks HTTP: of the master it imports the config models only, to check a config before sending it
+(and ``admission``, for ``det preview``). ``deploy`` (``det deploy local``) imports no other room. The
+top-level modules (``masterconf``, ``admission``, ``trialjob``, ``taskjob``, ``asuser``, ``server``, ...) are
+not rooms; ``server`` wires everything.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "lifecycle": frozenset({"db", "expconf", "services"}),
     "tasks": frozenset({"db", "expconf", "services", "lifecycle"}),
     "api": frozenset({"db", "expconf", "services", "tasks"}),
-    "cli": frozenset({"expconf", "tasks.config"}),
+    "cli": frozenset({"expconf"}),
 }
-# What the config package imports of the modules above it: the master's defaults and the dry-run of a job
-# (issue 42, item 1: admission moves above it). Only ever shrinks.
-EXPCONF_UPWARD = frozenset({"hpc_master.jobplan", "hpc_master.masterconf", "hpc_master.trialjob"})
+# What the config package imports of the modules above it: nothing since admission (parse, complete, dry run)
+# moved above it, to `hpc_master.admission` (issue 42, item 1). Stays empty.
+EXPCONF_UPWARD: frozenset[str] = frozenset()
 NEUTRAL = frozenset({"hpc_master.errors"})
 """The exception classes (``det_errors``'s), which every room raises."""
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from harness.exec import job_plan as run_files
 from harness.exec.job_contract import ClusterInfoDoc
 from hpc_master.errors import ConfigError
+from hpc_master.expconf.tasks import TaskConfig, TaskType
 from hpc_master.jobplan import (
     JobPaths,
     JobRequest,
@@ -28,7 +29,6 @@ from hpc_master.jobplan import (
     node_shape,
     plan_job,
 )
-from hpc_master.tasks.config import TaskConfig, TaskType
 
 CONTEXT_FILE = "context.tar.gz"
 TASKS_DIR = "tasks"

@@ -18,9 +18,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 
-from hpc_master.expconf import BindMount, Device, EnvironmentConfig, SlurmConfig
 from hpc_master.expconf._base import StrictModel
 from hpc_master.expconf._errors import config_error, to_config_error
+from hpc_master.expconf.environment import EnvironmentConfig
+from hpc_master.expconf.resources import BindMount, Device
+from hpc_master.expconf.slurm import SlurmConfig
 
 MAX_ENTRYPOINT_ARGS = 1024
 MAX_ENTRYPOINT_CHARS = 64 * 1024
