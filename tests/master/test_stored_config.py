@@ -74,7 +74,8 @@ def test_a_stored_config_this_master_refuses_is_an_error_naming_the_experiment_a
     with sessions() as s, s.begin():
         experiment = s.get(ExperimentModel, exp_id)
         assert experiment is not None
-        experiment.config = {**experiment.config, "max_restarts": "many"}
+        experiment.config = {**experiment.config, "max_restarts": "many"}  # as an older master stored it
+    stored_config.forget()  # read by a master process that starts now
     with pytest.raises(StoredConfigError) as err:
         _read(sessions, exp_id)
     assert f"experiment {exp_id}'s stored config" in err.value.message and err.value.field == "max_restarts"
@@ -92,6 +93,7 @@ def test_checkpoint_gc_keeps_the_checkpoints_of_an_experiment_whose_config_it_re
         experiment.config = {**experiment.config, "max_restarts": "many"}
         request_checkpoint_gc(s, bad)
         request_checkpoint_gc(s, good)
+    stored_config.forget()
     with sessions() as s, s.begin():
         _, taken = plan_collection(s, utcnow(), default_root=tmp_path)  # does not raise
     assert sorted(taken) == sorted([bad, good])

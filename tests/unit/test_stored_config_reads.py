@@ -63,3 +63,57 @@ def test_the_check_finds_the_raw_reads_it_is_for() -> None:
         "experiment.config.get('max_restarts', 5)",
         "(task.config or {}).get('resources')",
     ]
+
+
+WRITERS = {
+    "hpc_master/services/experiments.py",  # create: the completed config admission produced
+    "hpc_master/tasks/service.py",  # create a task
+    "hpc_master/services/experiment_patch.py",  # PATCH: what `stored_config.edited_config` returns
+}
+"""The modules that write a stored config. The accessor's cache compares only the sections ``PATCH`` may change
+(`stored_config.EDITABLE`), so another writer would go unseen by it: add one here only through the accessor."""
+
+
+def config_writes(source: str, name: str) -> list[str]:
+    """``name:line`` of each write of a row's config: ``x.config = ...``, ``Model(config=...)``,
+    ``update(...).values(config=...)`` or ``.values(**...)``."""
+    found = []
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(_is_row_config(t) for t in targets):
+                found.append(f"{name}:{node.lineno}")
+        elif isinstance(node, ast.Call):
+            func = node.func
+            called = getattr(func, "attr", None) or getattr(func, "id", "")
+            given = {k.arg for k in node.keywords}
+            # ``.values(**values)`` may hold a config: counted, as its keys are not known here
+            if ("config" in given and called in {*MODEL_CLASSES, "guarded_update"}) or (
+                called == "values" and given & {"config", None}
+            ):
+                found.append(f"{name}:{node.lineno}")
+    return sorted(found, key=lambda f: int(f.rsplit(":", 1)[1]))
+
+
+GENERIC = {"hpc_master/services/common.py"}
+"""``guarded_update(..., **values)``: its callers are checked instead (a ``config=`` to it counts)."""
+
+
+def test_only_the_known_writers_write_a_stored_config() -> None:
+    writers = {
+        str(path.relative_to(REPO))
+        for path in sorted(MASTER.rglob("*.py"))
+        if config_writes(path.read_text(), str(path.relative_to(REPO)))
+    }
+    writers -= GENERIC
+    assert writers == WRITERS
+
+
+def test_the_writer_check_finds_writes() -> None:
+    sample = (
+        "experiment.config = {}\n"
+        "s.add(ExperimentModel(owner_id=1, config=c))\n"
+        "update(ExperimentModel).values(config=c)\n"
+        "parse_master_config(config=c)\n"  # not a row
+    )
+    assert config_writes(sample, "s.py") == ["s.py:1", "s.py:2", "s.py:3"]
