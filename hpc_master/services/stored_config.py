@@ -24,25 +24,29 @@ import copy
 import datetime as dt
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from hpc_master.db.models import ExperimentModel, TaskModel
 from hpc_master.errors import ClientError
 from hpc_master.expconf import ExperimentConfig, ExperimentConfigError, parse_experiment_config
 from hpc_master.expconf.tasks import TaskConfig, TaskType, parse_task_config
 
-MAX_ENTRIES = 2048
-
+MAX_ENTRIES = 512
+"""Kept configs per kind (experiments, tasks); past it, the oldest kept is dropped. A kept config is about 40
+objects that every full garbage collection walks: 512 of them are the active experiments of a busy master."""
 EDITABLE = ("name", "description", "labels", "checkpoint_storage", "resources")
 """What `edited_config` (``PATCH``) changes in an experiment's stored config."""
-_Key = tuple[str, int | str, dt.datetime | None]
-_cache: dict[_Key, tuple[tuple[Any, ...], Any]] = {}
-"""Key → (the `EDITABLE` sections of the raw dict it was parsed from, its typed config). Reads take no lock (a dict lookup is atomic);
-writes do, and evict the oldest entries (insertion order) past `MAX_ENTRIES`."""
+
+T = TypeVar("T")
+_Kept = tuple[dt.datetime | None, Any, Any, Any, Any, Any, T]
+"""(start time, the `EDITABLE` sections as they were when parsed, the typed config)."""
+_experiments: dict[int, _Kept[ExperimentConfig]] = {}
+_tasks: dict[str, _Kept[TaskConfig]] = {}
 _lock = threading.Lock()
+"""Reads take no lock (a dict lookup is atomic); writes do. A read allocates nothing on a hit: on the list
+routes it runs once per row, and every allocation brings the next full garbage collection nearer."""
 stats = {"parses": 0, "hits": 0}
 """How many stored configs were parsed, and how many reads were answered from the cache (tests, benches)."""
-T = TypeVar("T")
 
 
 class StoredConfigError(ClientError):
@@ -59,46 +63,61 @@ class StoredConfigError(ClientError):
 def experiment_config(experiment: ExperimentModel) -> ExperimentConfig:
     """The experiment's stored config, typed (shared: do not change it)."""
     raw = experiment.config or {}
-    key = ("experiment", experiment.id, experiment.start_time)
-    hit = _cache.get(key)
-    if hit is not None and hit[0] == tuple(raw.get(k) for k in EDITABLE):
+    hit = _experiments.get(experiment.id)
+    if (
+        hit is not None
+        and hit[0] == experiment.start_time
+        and hit[1] == raw.get("name")
+        and hit[2] == raw.get("description")
+        and hit[3] == raw.get("labels")
+        and hit[4] == raw.get("checkpoint_storage")
+        and hit[5] == raw.get("resources")
+    ):
         stats["hits"] += 1
-        return cast(ExperimentConfig, hit[1])
-    return _parse(key, raw, "experiment", parse_experiment_config)
+        return hit[6]
+    typed = _parse(raw, f"experiment {experiment.id}", parse_experiment_config)
+    _keep(_experiments, experiment.id, experiment.start_time, raw, typed)
+    return typed
 
 
 def task_config(task: TaskModel) -> TaskConfig:
-    """The task's stored config, typed (shared: do not change it)."""
-    raw = task.config or {}
-    key = ("task", task.id, task.start_time)
-    hit = _cache.get(key)
-    if hit is not None:
+    """The task's stored config, typed (shared: do not change it; a task's config never changes)."""
+    hit = _tasks.get(task.id)
+    if hit is not None and hit[0] == task.start_time:
         stats["hits"] += 1
-        return cast(TaskConfig, hit[1])
+        return hit[6]
     task_type = TaskType(task.task_type)
-    return _parse(key, raw, "task", lambda config: parse_task_config(config, task_type))
+    typed = _parse(task.config or {}, f"task {task.id}", lambda raw: parse_task_config(raw, task_type))
+    _keep(_tasks, task.id, task.start_time, {}, typed)
+    return typed
 
 
-def _parse(key: _Key, raw: dict[str, Any], kind: str, parse: Callable[[dict[str, Any]], T]) -> T:
+def _parse(raw: dict[str, Any], what: str, parse: Callable[[dict[str, Any]], T]) -> T:
     stats["parses"] += 1
     try:
-        typed = parse(raw)
+        return parse(raw)
     except ExperimentConfigError as err:
-        raise StoredConfigError(f"{kind} {key[1]}", err) from None
-    if key[1] is not None:  # a row not yet flushed has no id: nothing to keep it under
-        kept = copy.deepcopy(tuple(raw.get(k) for k in EDITABLE))
-        with _lock:
-            _cache.pop(key, None)
-            _cache[key] = (kept, typed)
-            while len(_cache) > MAX_ENTRIES:
-                del _cache[next(iter(_cache))]
-    return typed
+        raise StoredConfigError(what, err) from None
+
+
+def _keep(
+    kept: dict[Any, _Kept[T]], key: Any, start: dt.datetime | None, raw: dict[str, Any], typed: T
+) -> None:
+    if key is None:  # a row not yet flushed has no id: nothing to keep it under
+        return
+    sections = copy.deepcopy([raw.get(k) for k in EDITABLE])
+    with _lock:
+        kept.pop(key, None)
+        kept[key] = (start, *sections, typed)  # type: ignore[assignment]
+        while len(kept) > MAX_ENTRIES:
+            del kept[next(iter(kept))]
 
 
 def forget() -> None:
     """Drop every kept config, as a new master process starts (tests that change stored rows behind the API)."""
     with _lock:
-        _cache.clear()
+        _experiments.clear()
+        _tasks.clear()
 
 
 def edited_config(
