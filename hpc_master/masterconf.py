@@ -7,7 +7,6 @@ Environment variables override the file for quick tries (see ``ENV_OVERRIDES``).
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import os
 import re
@@ -16,14 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from hpc_master import paths
 from hpc_master.errors import ConfigError
+from hpc_master.expconf._base import StrictModel as ConfigModel
+from hpc_master.expconf._errors import UNKNOWN_FIELD
 
 
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class StrictModel(ConfigModel):
+    """The config models' one base (``expconf._base``: unknown keys refused with the closest valid key), made
+    immutable, and lax about types: environment overrides arrive as strings (``DET_LISTEN_PORT=8080``). A
+    ``null`` is kept (it is not "the default" here, as it is in an experiment config)."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True, populate_by_name=False)
+    keep_none = True
 
 
 class DbConfig(StrictModel):
@@ -426,39 +432,6 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def _unwrap(annotation: Any) -> tuple[Any, bool]:
-    """(model class or None, whether the next path element is a mapping key) for a field annotation."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation, False
-    origin = getattr(annotation, "__origin__", None)
-    args: tuple[Any, ...] = tuple(getattr(annotation, "__args__", ()))
-    if origin is dict and len(args) == 2:
-        inner, _ = _unwrap(args[-1])
-        return inner, True
-    for arg in args:  # Optional[Model] / unions
-        inner, keyed = _unwrap(arg)
-        if inner is not None:
-            return inner, keyed
-    return None, False
-
-
-def _model_at(path: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The model class that owns the last key of `path` (to suggest spellings for unknown keys)."""
-    model: type[BaseModel] | None = MasterConfig
-    skip_key = False
-    for part in path[:-1]:
-        if skip_key:
-            skip_key = False
-            continue
-        if model is None:
-            return None
-        field = model.model_fields.get(str(part))
-        if field is None:
-            return None
-        model, skip_key = _unwrap(field.annotation)
-    return None if skip_key else model
-
-
 def validation_error_to_config_error(err: ValidationError, *, prefix: str = "") -> ConfigError:
     """Translate pydantic's first error into a ConfigError naming the YAML path, with did-you-mean."""
     first = err.errors()[0]
@@ -466,14 +439,10 @@ def validation_error_to_config_error(err: ValidationError, *, prefix: str = "") 
     dotted = ".".join(str(p) for p in loc)
     if prefix:
         dotted = f"{prefix}.{dotted}" if dotted else prefix
-    if first["type"] == "extra_forbidden":
-        owner = _model_at(loc)
-        message = f"unknown key {loc[-1]!r}"
-        if owner is not None:
-            close = difflib.get_close_matches(str(loc[-1]), list(owner.model_fields), n=1)
-            if close:
-                message += f"; did you mean {close[0]!r}?"
-        return ConfigError(message, field=dotted, code="unknown_field")
+    if first["type"] == UNKNOWN_FIELD:  # the shared StrictModel's check, with its "did you mean"
+        ctx = first.get("ctx") or {}
+        dotted = f"{dotted}.{ctx['field']}" if dotted else str(ctx["field"])
+        return ConfigError(str(ctx["message"]), field=dotted, code="unknown_field")
     message = first["msg"]
     if first["type"] == "value_error":  # our validators' own words, without pydantic's "Value error, "
         message = str((first.get("ctx") or {}).get("error", message))

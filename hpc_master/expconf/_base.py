@@ -1,4 +1,5 @@
-"""The base of every experiment-config model: strict types, unknown keys rejected with "did you mean"."""
+"""The base of every config model (experiment, task, and master: `masterconf.StrictModel` relaxes the types):
+strict types, unknown keys rejected with "did you mean"."""
 
 from __future__ import annotations
 

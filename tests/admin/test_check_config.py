@@ -41,10 +41,10 @@ def test_a_valid_file_is_ok_and_nothing_is_touched(tmp_path: Path) -> None:
         (
             "resource_pools:\n  gpu:\n    partiton: a100\n",
             "resource_pools.gpu.partiton",
-            "did you mean 'partition'?",
+            "did you mean `partition`?",
         ),
-        ("listen:\n  hots: 0.0.0.0\n", "listen.hots", "did you mean 'host'?"),
-        ("chekpoint_storage: {}\n", "chekpoint_storage", "did you mean 'checkpoint_storage'?"),
+        ("listen:\n  hots: 0.0.0.0\n", "listen.hots", "did you mean `host`?"),
+        ("chekpoint_storage: {}\n", "chekpoint_storage", "did you mean `checkpoint_storage`?"),
         ("preemption: {lead_time_s: -5}\n", "preemption.lead_time_s", "greater than or equal to 0"),
         ("preemption: {signal: SIGNOPE}\n", "preemption.signal", "unknown signal"),
         ("default_resource_pool: gpu\n", "default_resource_pool", "'gpu' is not one of resource_pools"),

@@ -297,7 +297,7 @@ def test_start_stop_kill_restart_sequence(tmp_path: Path) -> None:
     broken = start_master(tmp_path, "--config", str(bad), env=env, wait_ready=False)
     assert broken.proc.wait(60) == 2
     broken.close()
-    assert "listen.hots" in broken.log() and "did you mean 'host'" in broken.log()
+    assert "listen.hots" in broken.log() and "did you mean `host`" in broken.log()
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
 

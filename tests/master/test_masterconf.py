@@ -29,10 +29,10 @@ def test_unknown_key_names_the_path_and_suggests(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_master_config(path, env={})
     assert info.value.field == "resource_pools.gpu.partiton"
-    assert "did you mean 'partition'" in info.value.message
+    assert "did you mean `partition`" in info.value.message
     with pytest.raises(ConfigError) as info:
         parse_master_config({"listen": {"prot": 1}}, env={})
-    assert info.value.field == "listen.prot" and "'port'" in info.value.message
+    assert info.value.field == "listen.prot" and "`port`" in info.value.message
     with pytest.raises(ConfigError) as info:
         parse_master_config({"resource_pools": {"gpu": {"gpu_request_style": "magic"}}}, env={})
     assert info.value.field == "resource_pools.gpu.gpu_request_style"
