@@ -81,15 +81,20 @@ def parse_image(text: str) -> ImageRef:
     if ref.startswith(PULL_SCHEMES):
         return ImageRef(text, "remote", ref)
     if ref.startswith(("/", "./", "../", "~")) or ref.endswith(SIF_SUFFIXES):
-        path = os.path.expanduser(ref)
-        if path.endswith(SIF_SUFFIXES) and not path.endswith("/"):
-            return ImageRef(text, "sif", path)
-        if path.endswith("/") or os.path.isdir(path):
-            return ImageRef(text, "sandbox", path.rstrip("/") or "/")
-        return ImageRef(text, "sif", path)
+        return _parse_local_image(text, ref)
     if "://" in ref:
         raise ImageError(text, f"unknown scheme (known: {', '.join(PULL_SCHEMES)})")
     return ImageRef(text, "remote", "docker://" + ref)
+
+
+def _parse_local_image(text: str, ref: str) -> ImageRef:
+    """A local image: a ``.sif`` file, or a sandbox directory (a trailing ``/`` or an existing directory)."""
+    path = os.path.expanduser(ref)
+    if path.endswith(SIF_SUFFIXES) and not path.endswith("/"):
+        return ImageRef(text, "sif", path)
+    if path.endswith("/") or os.path.isdir(path):
+        return ImageRef(text, "sandbox", path.rstrip("/") or "/")
+    return ImageRef(text, "sif", path)
 
 
 # -- the cache ------------------------------------------------------------------------------------------------
@@ -105,21 +110,8 @@ def file_lock(path: str, *, timeout_s: float | None = None, poll_s: float = 0.2)
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError as e:
-                    if e.errno not in (errno.EAGAIN, errno.EACCES):
-                        raise
-                    if deadline is not None and time.monotonic() > deadline:
-                        raise TimeoutError(f"waited {timeout_s} s for the lock {path}") from None
-                    time.sleep(poll_s)
-            try:
-                same = os.stat(path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
+            _flock_until(fd, path, deadline=deadline, timeout_s=timeout_s, poll_s=poll_s)
+            if _names_fd(path, fd):
                 break
         except BaseException:
             os.close(fd)
@@ -131,6 +123,30 @@ def file_lock(path: str, *, timeout_s: float | None = None, poll_s: float = 0.2)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         os.close(fd)
+
+
+def _flock_until(
+    fd: int, path: str, *, deadline: float | None, timeout_s: float | None, poll_s: float
+) -> None:
+    """Take an exclusive ``flock`` on `fd`, polling every `poll_s`; ``TimeoutError`` past `deadline`."""
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"waited {timeout_s} s for the lock {path}") from None
+            time.sleep(poll_s)
+
+
+def _names_fd(path: str, fd: int) -> bool:
+    """Whether `path` still names the file open as `fd` (the lock holder may have removed it)."""
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def ensure_cache_dir(path: str) -> None:

@@ -139,29 +139,8 @@ def prepare(
     if not section:
         return None
     image = str(section["image"])
-    try:
-        runtime = ContainerRuntime(section["runtime"], section.get("command") or "")
-    except ValueError as e:
-        raise ContainerSetupError(f"cannot run the image {image!r}: {e}") from None
-    program = find_program(runtime, env.get("PATH"))
-    if program is None:
-        raise ContainerSetupError(
-            f"cannot run the image {image!r}: the container runtime {runtime.program!r} is not installed on "
-            f"{os.uname().nodename} (not on PATH)"
-        )
-    from containers.images import ImageError
-
-    try:
-        path = resolve_image(
-            image,
-            section.get("cache_dir"),
-            runtime_puller(runtime, env=env),
-            force_pull=bool(section.get("force_pull")),
-            log=log,
-        )
-    except (ImageError, OSError, TimeoutError) as e:
-        message = str(e) if isinstance(e, ImageError) else f"container image {image!r}: {e}"
-        raise ContainerSetupError(message) from None
+    runtime, program = _find_runtime(section, image, env)
+    path = _resolve_section_image(section, image, runtime, env, log)
     box = JobContainer(
         runtime=runtime,
         program=program,
@@ -182,6 +161,48 @@ def prepare(
     where = "" if path == image else f" ({path})"
     log(f"running in the image {image}{where} with {runtime.name} ({program})")
     return box
+
+
+def _find_runtime(
+    section: Mapping[str, Any], image: str, env: Mapping[str, str]
+) -> tuple[ContainerRuntime, str]:
+    """The section's container runtime and its executable on this node's ``PATH``; ContainerSetupError when the
+    runtime is unknown or not installed."""
+    try:
+        runtime = ContainerRuntime(section["runtime"], section.get("command") or "")
+    except ValueError as e:
+        raise ContainerSetupError(f"cannot run the image {image!r}: {e}") from None
+    program = find_program(runtime, env.get("PATH"))
+    if program is None:
+        raise ContainerSetupError(
+            f"cannot run the image {image!r}: the container runtime {runtime.program!r} is not installed on "
+            f"{os.uname().nodename} (not on PATH)"
+        )
+    return runtime, program
+
+
+def _resolve_section_image(
+    section: Mapping[str, Any],
+    image: str,
+    runtime: ContainerRuntime,
+    env: Mapping[str, str],
+    log: Callable[[str], None],
+) -> str:
+    """The local path of the section's image, pulled into the cache when remote; ContainerSetupError naming the
+    image when that fails."""
+    from containers.images import ImageError
+
+    try:
+        return resolve_image(
+            image,
+            section.get("cache_dir"),
+            runtime_puller(runtime, env=env),
+            force_pull=bool(section.get("force_pull")),
+            log=log,
+        )
+    except (ImageError, OSError, TimeoutError) as e:
+        message = str(e) if isinstance(e, ImageError) else f"container image {image!r}: {e}"
+        raise ContainerSetupError(message) from None
 
 
 def node_step_argv(

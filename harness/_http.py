@@ -123,21 +123,43 @@ class MasterSession:
         params: dict[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> JSON:
-        import http.client
         import urllib.parse  # http.client imports it anyway
 
         target = self._base + path
         if params:
             target += "?" + urllib.parse.urlencode(params)
         data = json.dumps(body).encode() if body is not None else None
+        resp, raw = self._exchange(method, target, data, timeout_s or self.timeout_s)
+        if resp.will_close:
+            self.close()
+        else:
+            self._local.used = True
+        if resp.status >= 400:
+            raise _to_master_error(resp.status, resp.reason, raw)
+        if not raw:
+            return {}
+        out = json.loads(raw)
+        return out if isinstance(out, dict) else {"value": out}
+
+    def _headers(self, *, has_body: bool) -> dict[str, str]:
         headers = {"Accept": "application/json"}
-        if data is not None:
+        if has_body:
             headers["Content-Type"] = "application/json"
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
+        return headers
+
+    def _exchange(
+        self, method: str, target: str, data: bytes | None, timeout_s: float
+    ) -> tuple[http.client.HTTPResponse, bytes]:
+        """Send one request on this thread's connection and read the whole answer; MasterUnreachable when none
+        comes back."""
+        import http.client
+
+        headers = self._headers(has_body=data is not None)
         where = f"{method} {self.master_url}{target}"
         while True:
-            conn, reused = self._connection(timeout_s or self.timeout_s)
+            conn, reused = self._connection(timeout_s)
             try:
                 conn.request(method, target, body=data, headers=headers)
                 resp = conn.getresponse()
@@ -150,17 +172,7 @@ class MasterSession:
             except (OSError, http.client.HTTPException) as e:
                 self.close()
                 raise MasterUnreachable(f"{where}: {e}") from None
-            break
-        if resp.will_close:
-            self.close()
-        else:
-            self._local.used = True
-        if resp.status >= 400:
-            raise _to_master_error(resp.status, resp.reason, raw)
-        if not raw:
-            return {}
-        out = json.loads(raw)
-        return out if isinstance(out, dict) else {"value": out}
+            return resp, raw
 
     def get(self, path: str, *, params: dict[str, str] | None = None, timeout_s: float | None = None) -> JSON:
         return self.request("GET", path, params=params, timeout_s=timeout_s)

@@ -116,21 +116,17 @@ class ClusterInfo:
     @classmethod
     def _from_json(cls, obj: dict[str, Any]) -> ClusterInfo:
         trial = TrialInfo._from_json(obj["trial"]) if obj.get("trial") else None
-        rank = obj.get("container_rank")
-        node_id = os.environ.get("SLURM_NODEID")
-        if node_id is not None and node_id.isdigit():
-            # The node we run on is Slurm's business: one shared file may serve every node.
-            rank = int(node_id)
+        rank = _node_rank(obj.get("container_rank"))
         latest = os.environ.get("DET_LATEST_CHECKPOINT") or obj.get("latest_checkpoint")
         return cls(
-            master_url=os.environ.get("DET_MASTER") or str(obj.get("master_url") or ""),
-            cluster_id=str(obj.get("cluster_id") or ""),
-            agent_id=str(obj.get("agent_id") or ""),
+            master_url=_env_or_field("DET_MASTER", obj, "master_url"),
+            cluster_id=_field(obj, "cluster_id"),
+            agent_id=_field(obj, "agent_id"),
             slot_ids=[int(s) for s in obj.get("slot_ids") or [0]],
-            task_id=str(obj.get("task_id") or ""),
-            allocation_id=os.environ.get("DET_ALLOCATION_ID") or str(obj.get("allocation_id") or ""),
-            session_token=os.environ.get("DET_SESSION_TOKEN") or str(obj.get("session_token") or ""),
-            task_type=str(obj.get("task_type") or "TRIAL"),
+            task_id=_field(obj, "task_id"),
+            allocation_id=_env_or_field("DET_ALLOCATION_ID", obj, "allocation_id"),
+            session_token=_env_or_field("DET_SESSION_TOKEN", obj, "session_token"),
+            task_type=_field(obj, "task_type", "TRIAL"),
             latest_checkpoint=latest,
             container_addrs=[str(a) for a in obj.get("container_addrs") or []],
             container_rank=int(rank or 0),
@@ -169,6 +165,25 @@ class ClusterInfo:
                 "user_data": t.user_data,
             }
         return out
+
+
+def _field(obj: dict[str, Any], key: str, default: str = "") -> str:
+    """``obj[key]`` as text; `default` when it is missing or empty."""
+    return str(obj.get(key) or default)
+
+
+def _env_or_field(name: str, obj: dict[str, Any], key: str) -> str:
+    """The environment variable `name` when set and not empty, else ``obj[key]`` as text ("" when missing)."""
+    return os.environ.get(name) or _field(obj, key)
+
+
+def _node_rank(container_rank: Any) -> Any:
+    """This node's rank: ``SLURM_NODEID`` when it is a number, else the file's `container_rank`."""
+    node_id = os.environ.get("SLURM_NODEID")
+    if node_id is not None and node_id.isdigit():
+        # The node we run on is Slurm's business: one shared file may serve every node.
+        return int(node_id)
+    return container_rank
 
 
 def get_cluster_info() -> ClusterInfo | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -432,13 +432,19 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
+def _dotted_loc(loc: Sequence[str | int], prefix: str) -> str:
+    """pydantic's ``loc`` as a dotted YAML path under `prefix`, without its ``function-...`` validator steps."""
+    kept = tuple(p for p in loc if not (isinstance(p, str) and p.startswith("function-")))
+    dotted = ".".join(str(p) for p in kept)
+    if prefix:
+        dotted = f"{prefix}.{dotted}" if dotted else prefix
+    return dotted
+
+
 def validation_error_to_config_error(err: ValidationError, *, prefix: str = "") -> ConfigError:
     """Translate pydantic's first error into a ConfigError naming the YAML path, with did-you-mean."""
     first = err.errors()[0]
-    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-    dotted = ".".join(str(p) for p in loc)
-    if prefix:
-        dotted = f"{prefix}.{dotted}" if dotted else prefix
+    dotted = _dotted_loc(first["loc"], prefix)
     if first["type"] == UNKNOWN_FIELD:  # the shared StrictModel's check, with its "did you mean"
         ctx = first.get("ctx") or {}
         dotted = f"{dotted}.{ctx['field']}" if dotted else str(ctx["field"])

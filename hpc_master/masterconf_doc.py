@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, TypeGuard, Union, get_args, get_origin
 
 import annotated_types
 import yaml
@@ -137,7 +137,7 @@ def _markdown(text: str) -> str:
 
 def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
     """(the model a field holds, whether through a mapping of names to it)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if _is_model(annotation):
         return annotation, False
     origin = get_origin(annotation)
     if origin is dict:
@@ -149,6 +149,10 @@ def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
             if inner is not None:
                 return inner, keyed
     return None, False
+
+
+def _is_model(annotation: Any) -> TypeGuard[type[BaseModel]]:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 _NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path"}
@@ -165,16 +169,21 @@ def describe_type(annotation: Any, info: FieldInfo) -> str:
         return "mapping of names to the keys below"
     if origin is list:
         return f"list of {_NAMES.get(args[0], getattr(args[0], '__name__', str(args[0])))}s"
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if _is_model(annotation):
         return "mapping (the keys below)"
     name = _NAMES.get(annotation, getattr(annotation, "__name__", str(annotation)))
+    return f"{name} {', '.join(_bounds(info))}".strip()
+
+
+def _bounds(info: FieldInfo) -> list[str]:
+    """The field's numeric bounds (``≥ 1``, ``< 10``), in the order of its metadata."""
     bounds = []
     for meta in info.metadata:
         for attr, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
             value = getattr(meta, attr, None)
             if isinstance(meta, annotated_types.BaseMetadata) and value is not None:
                 bounds.append(f"{sign} {value}")
-    return f"{name} {', '.join(bounds)}".strip()
+    return bounds
 
 
 def describe_default(info: FieldInfo) -> str:
@@ -186,6 +195,11 @@ def describe_default(info: FieldInfo) -> str:
         return "required"
     if value is None:
         return "unset"
+    return _describe_value(value)
+
+
+def _describe_value(value: Any) -> str:
+    """A default that is set, as the reference shows it."""
     if isinstance(value, BaseModel):
         return "—"
     if isinstance(value, dict):
@@ -271,16 +285,7 @@ def render() -> str:
     ]
     sections = [("", "", "")] + [(k.children, k.path, k.description) for k in keys if k.children]
     for section, example, description in sections:
-        prefix = f"{section}." if section else ""
-        rows = [k for k in keys if k.path.startswith(prefix) and "." not in k.path.removeprefix(prefix)]
-        out += ["", f"## `{section}`" if section else "## Top-level keys", ""]
-        if section:
-            out += [description, ""]
-        out += ["| key | type | default | environment | meaning |", "|---|---|---|---|---|"]
-        out += [_row(k, section) for k in rows]
-        snippet = _example_snippet(example) if example else None
-        if snippet:
-            out += ["", "```yaml", snippet, "```"]
+        out += _section_lines(keys, section, example, description)
     out += [
         "",
         "## Environment overrides",
@@ -294,6 +299,21 @@ def render() -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def _section_lines(keys: list[KeyDoc], section: str, example: str, description: str) -> list[str]:
+    """One section of the reference: its heading, description, table of keys and example."""
+    prefix = f"{section}." if section else ""
+    rows = [k for k in keys if k.path.startswith(prefix) and "." not in k.path.removeprefix(prefix)]
+    out = ["", f"## `{section}`" if section else "## Top-level keys", ""]
+    if section:
+        out += [description, ""]
+    out += ["| key | type | default | environment | meaning |", "|---|---|---|---|---|"]
+    out += [_row(k, section) for k in rows]
+    snippet = _example_snippet(example) if example else None
+    if snippet:
+        out += ["", "```yaml", snippet, "```"]
+    return out
 
 
 def main() -> int:

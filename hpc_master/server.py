@@ -373,6 +373,11 @@ def main(argv: list[str] | None = None) -> int:
 
         sys.stdout.write(systemd_unit(args.config.resolve() if args.config else None))
         return 0
+    return _run_master(args, argv)
+
+
+def _run_master(args: argparse.Namespace, argv: list[str]) -> int:
+    """Serve in the foreground, or start as a daemon (``--daemon``); the exit status."""
     try:
         config = resolve_config(args)
         if args.daemon:

@@ -214,14 +214,7 @@ def run_node(overrides: list[str], script: list[str]) -> int:
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     hostfile = write_hostfile(get_run_dir(), text, node_rank)
-    env = os.environ
-    env["DET_CHIEF_IP"] = host if nnodes > 1 else env.get("DET_CHIEF_IP", "127.0.0.1")
-    env["USE_DEEPSPEED"] = "1"
-    env["DET_DEEPSPEED_HOSTFILE_PATH"] = str(hostfile)
-    if env.get("CUDA_VISIBLE_DEVICES", "").strip():
-        env[NODE_DEVICES_ENV] = env["CUDA_VISIBLE_DEVICES"]
-        if not env.get("NCCL_SOCKET_IFNAME", "").strip() and env.get("DET_INTER_NODE_NETWORK_INTERFACE"):
-            env["NCCL_SOCKET_IFNAME"] = env["DET_INTER_NODE_NETWORK_INTERFACE"]
+    _export_node_env(os.environ, host=host, nnodes=nnodes, hostfile=hostfile)
     from harness.cluster_info import get_port_offset
 
     cmd = build_deepspeed_cmd(
@@ -253,6 +246,20 @@ def run_node(overrides: list[str], script: list[str]) -> int:
         )
         return 0
     return rc
+
+
+def _export_node_env(
+    env: MutableMapping[str, str], *, host: str, nnodes: int, hostfile: pathlib.Path
+) -> None:
+    """What DeepSpeed's runner passes on to this node's ranks: the chief's address, the hostfile, the node's own
+    devices (for rank_env) and, when unset, NCCL's network interface."""
+    env["DET_CHIEF_IP"] = host if nnodes > 1 else env.get("DET_CHIEF_IP", "127.0.0.1")
+    env["USE_DEEPSPEED"] = "1"
+    env["DET_DEEPSPEED_HOSTFILE_PATH"] = str(hostfile)
+    if env.get("CUDA_VISIBLE_DEVICES", "").strip():
+        env[NODE_DEVICES_ENV] = env["CUDA_VISIBLE_DEVICES"]
+        if not env.get("NCCL_SOCKET_IFNAME", "").strip() and env.get("DET_INTER_NODE_NETWORK_INTERFACE"):
+            env["NCCL_SOCKET_IFNAME"] = env["DET_INTER_NODE_NETWORK_INTERFACE"]
 
 
 def remap_devices(deepspeed_devices: str, node_devices: str) -> str:

@@ -30,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 
 from launchers._common import (
     STOP_SIGNALS,
@@ -126,12 +127,18 @@ def node_facts() -> tuple[int, int, int, str]:
     if info is not None:
         nnodes, slots = len(info.container_addrs), len(info.slot_ids)
     else:
-        nnodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1)
-        visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
-        slots = int(env.get("SLURM_GPUS_ON_NODE") or len(visible) or 1)
+        nnodes, slots = _slurm_sizes(env)
     node_rank = int(env.get("SLURM_NODEID") or (info.container_rank if info else 0))
     host = "127.0.0.1" if nnodes == 1 else (get_chief_ip() or _first_node_addr())
     return nnodes, node_rank, slots, host
+
+
+def _slurm_sizes(env: Mapping[str, str]) -> tuple[int, int]:
+    """(nnodes, slots on this node) from Slurm's variables, when there is no cluster info; 1 when unset."""
+    nnodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1)
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    slots = int(env.get("SLURM_GPUS_ON_NODE") or len(visible) or 1)
+    return nnodes, slots
 
 
 def _first_node_addr() -> str:

@@ -58,27 +58,32 @@ def prefix_lines(src_fd: int, dst_fd: int, prefix: bytes) -> None:
         if skip_lf and chunk.startswith(b"\n"):
             chunk = chunk[1:]
         skip_lf = chunk.endswith(b"\r")
-        buf += chunk
-        out = []
-        start = 0
-        i = 0
-        n = len(buf)
-        while i < n:
-            c = buf[i]
-            if c == 10 or c == 13:  # '\n' or '\r'
-                out.append(prefix + buf[start:i] + b"\n")
-                if c == 13 and i + 1 < n and buf[i + 1] == 10:
-                    i += 1
-                start = i + 1
-            elif i - start >= MAX_LINE:
-                out.append(prefix + buf[start:i] + b"\n")
-                start = i
-            i += 1
-        buf = buf[start:]
+        out, buf = _split_lines(buf + chunk, prefix)
         if out:
             _write_all(dst_fd, b"".join(out))
     if buf:
         _write_all(dst_fd, prefix + buf + b"\n")
+
+
+def _split_lines(buf: bytes, prefix: bytes) -> tuple[list[bytes], bytes]:
+    """(the complete lines of ``buf``, each prefixed and ending with ``\\n``; the partial line left). A line ends
+    at ``\\n``, ``\\r\\n`` or ``\\r``; one longer than ``MAX_LINE`` is cut there."""
+    out = []
+    start = 0
+    i = 0
+    n = len(buf)
+    while i < n:
+        c = buf[i]
+        if c == 10 or c == 13:  # '\n' or '\r'
+            out.append(prefix + buf[start:i] + b"\n")
+            if c == 13 and i + 1 < n and buf[i + 1] == 10:
+                i += 1
+            start = i + 1
+        elif i - start >= MAX_LINE:
+            out.append(prefix + buf[start:i] + b"\n")
+            start = i
+        i += 1
+    return out, buf[start:]
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -93,6 +98,26 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
+def _without_separator(script: list[str]) -> list[str]:
+    """The command after RANK, without the optional ``--`` before it."""
+    if script and script[0] == "--":
+        return script[1:]
+    return script
+
+
+def _prefix_threads(proc: subprocess.Popen[bytes], prefix: bytes) -> list[threading.Thread]:
+    """Two threads (not started) copying the child's stdout and stderr to ours, each line prefixed."""
+    assert proc.stdout is not None and proc.stderr is not None
+    return [
+        threading.Thread(
+            target=prefix_lines, args=(proc.stdout.fileno(), sys.stdout.fileno(), prefix), daemon=True
+        ),
+        threading.Thread(
+            target=prefix_lines, args=(proc.stderr.fileno(), sys.stderr.fileno(), prefix), daemon=True
+        ),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "--no-redirect-stdio":
@@ -101,15 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     rank = resolve_rank(args[0])
-    script = args[1:]
-    if script and script[0] == "--":
-        script = script[1:]
+    script = _without_separator(args[1:])
     if not script:
         print("wrap_rank: no command given", file=sys.stderr)
         return 2
     prefix = f"[rank={rank}] ".encode()
     proc = subprocess.Popen(script, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
-    assert proc.stdout is not None and proc.stderr is not None
     stopped = False
     killer: threading.Timer | None = None
 
@@ -129,14 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 killer.daemon = True
                 killer.start()
 
-    threads = [
-        threading.Thread(
-            target=prefix_lines, args=(proc.stdout.fileno(), sys.stdout.fileno(), prefix), daemon=True
-        ),
-        threading.Thread(
-            target=prefix_lines, args=(proc.stderr.fileno(), sys.stderr.fileno(), prefix), daemon=True
-        ),
-    ]
+    threads = _prefix_threads(proc, prefix)
     with forward_signals(forward):
         for t in threads:
             t.start()

@@ -91,20 +91,29 @@ def remove(name: str, skeletons: dict[str, dict[str, str]] | None) -> list[clean
     if proc.returncode != 0:
         why = f"`userdel {name}` failed: {proc.stderr.strip() or proc.stdout.strip()}"
         return [*kept, cleanup.Kept(f"the account {name}", why)]
-    if not home.is_dir() or home.is_symlink():
+    kept_home = _remove_home(name, home, skeletons)
+    if kept_home is None:
         return kept
+    return [*kept, kept_home]
+
+
+def _remove_home(name: str, home: Path, skeletons: dict[str, dict[str, str]] | None) -> cleanup.Kept | None:
+    """The removed account's home is deleted when it holds nothing but its skeleton (see `remove`); what is kept,
+    and why, otherwise (None when there is no home directory)."""
+    if not home.is_dir() or home.is_symlink():
+        return None
     if skeletons is None:
         skeleton: dict[str, str] | None = cleanup.manifest(Path("/etc/skel"))
     else:
         skeleton = skeletons.get(str(home))
     if skeleton is None:
-        return [*kept, cleanup.Kept(str(home), f"the home of the removed account {name} existed before `up`")]
+        return cleanup.Kept(str(home), f"the home of the removed account {name} existed before `up`")
     extra = cleanup.extra_entries(home, skeleton)
     if extra:
         why = f"the home of the removed account {name} holds files `up` did not put there: {', '.join(extra)}"
-        return [*kept, cleanup.Kept(str(home), why)]
+        return cleanup.Kept(str(home), why)
     cleanup.remove_own_dir(home)
-    return kept
+    return None
 
 
 def _remove_empty_mail_spool(name: str, uid: int) -> cleanup.Kept | None:

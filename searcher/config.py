@@ -108,6 +108,28 @@ def _proposals(cfg: Mapping[str, Any], name: str) -> str:
     return str(proposals)
 
 
+def _max_trials(cfg: Mapping[str, Any], name: str) -> int:
+    """1 for ``single``; required for the others but ``grid`` (0 when unset: ``grid`` ignores it)."""
+    max_trials = 1 if name == "single" else _int(cfg, "max_trials", 0 if name == "grid" else -1, 1)
+    if max_trials == -1:
+        raise ValueError(f"searcher.max_trials: required for {name}")
+    return max_trials
+
+
+def _divisor(cfg: Mapping[str, Any]) -> float:
+    divisor = cfg.get("divisor", _DEFAULT_DIVISOR)
+    if isinstance(divisor, bool) or not isinstance(divisor, int | float) or divisor <= 1:
+        raise ValueError(f"searcher.divisor: expected a number > 1, got {divisor!r}")
+    return float(divisor)
+
+
+def _bracket_rungs(cfg: Mapping[str, Any]) -> tuple[int, ...]:
+    brackets = cfg.get("bracket_rungs") or ()
+    if not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in brackets):
+        raise ValueError(f"searcher.bracket_rungs: expected positive integers, got {brackets!r}")
+    return tuple(int(b) for b in brackets)
+
+
 def parse_searcher_config(cfg: Mapping[str, Any]) -> SearcherConfig:
     name = cfg.get("name")
     if name not in METHODS:
@@ -115,19 +137,13 @@ def parse_searcher_config(cfg: Mapping[str, Any]) -> SearcherConfig:
     unit, max_length = _length(cfg)
     if name in ("adaptive_asha", "async_halving") and max_length is None:
         raise ValueError(f"searcher: {name} needs max_length (or max_time)")
-    max_trials = 1 if name == "single" else _int(cfg, "max_trials", 0 if name == "grid" else -1, 1)
-    if max_trials == -1:
-        raise ValueError(f"searcher.max_trials: required for {name}")
+    max_trials = _max_trials(cfg, name)
     mct_default = 1 if name == "single" else _DEFAULT_MAX_CONCURRENT
-    divisor = cfg.get("divisor", _DEFAULT_DIVISOR)
-    if isinstance(divisor, bool) or not isinstance(divisor, int | float) or divisor <= 1:
-        raise ValueError(f"searcher.divisor: expected a number > 1, got {divisor!r}")
+    divisor = _divisor(cfg)
     mode = cfg.get("mode", "standard")
     if mode not in MODES:
         raise ValueError(f"searcher.mode: expected one of {MODES}, got {mode!r}")
-    brackets = cfg.get("bracket_rungs") or ()
-    if not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in brackets):
-        raise ValueError(f"searcher.bracket_rungs: expected positive integers, got {brackets!r}")
+    brackets = _bracket_rungs(cfg)
     num_rungs = _int(cfg, "num_rungs", 0, 1)
     if name == "async_halving" and num_rungs == 0:
         raise ValueError("searcher.num_rungs: required for async_halving")
@@ -139,11 +155,11 @@ def parse_searcher_config(cfg: Mapping[str, Any]) -> SearcherConfig:
         max_length=max_length,
         max_trials=max_trials,
         max_concurrent_trials=_int(cfg, "max_concurrent_trials", mct_default, 0),
-        divisor=float(divisor),
+        divisor=divisor,
         mode=str(mode),
         max_rungs=_int(cfg, "max_rungs", _DEFAULT_MAX_RUNGS, 1),
         num_rungs=num_rungs,
-        bracket_rungs=tuple(int(b) for b in brackets),
+        bracket_rungs=brackets,
         promotion=_promotion(cfg),
         proposals=_proposals(cfg, str(name)),
     )

@@ -84,10 +84,7 @@ def _parse_param(raw: Mapping[str, Any], path: str) -> Param:
     if kind == "const":
         return Const(raw.get("val"))
     if kind == "categorical":
-        vals = raw.get("vals")
-        if not isinstance(vals, list | tuple) or not vals:
-            raise ValueError(f"hyperparameters.{path}.vals: expected a non-empty list, got {vals!r}")
-        return Categorical(tuple(vals))
+        return _categorical(raw, path)
     if kind not in ("int", "double", "log"):
         raise ValueError(f"hyperparameters.{path}.type: unknown type {kind!r}")
     integer = kind == "int"
@@ -98,6 +95,18 @@ def _parse_param(raw: Mapping[str, Any], path: str) -> Param:
         return Int(int(lo), int(hi), _count(raw, path))
     if kind == "double":
         return Double(float(lo), float(hi), _count(raw, path))
+    return _log(raw, path, lo, hi)
+
+
+def _categorical(raw: Mapping[str, Any], path: str) -> Categorical:
+    vals = raw.get("vals")
+    if not isinstance(vals, list | tuple) or not vals:
+        raise ValueError(f"hyperparameters.{path}.vals: expected a non-empty list, got {vals!r}")
+    return Categorical(tuple(vals))
+
+
+def _log(raw: Mapping[str, Any], path: str, lo: Any, hi: Any) -> Log:
+    """A ``log`` parameter whose exponents `lo` and `hi` are already checked; ``base`` defaults to 10."""
     base = _num(raw, "base", path) if "base" in raw else 10.0
     if base <= 0:
         raise ValueError(f"hyperparameters.{path}.base: expected > 0, got {base}")
@@ -171,16 +180,21 @@ def grid_values(param: Param, path: str = "?") -> list[Any]:
     if param.count is None:
         raise ValueError(f"hyperparameters.{path}.count: grid search needs a count")
     if isinstance(param, Int):
-        count = min(param.count, param.maxval - param.minval + 1)
-        if count == 1:
-            return [go_round((param.minval + param.maxval) / 2.0)]
-        step = (param.maxval - param.minval) / (count - 1)
-        return [go_round(param.minval + i * step) for i in range(count)]
+        return _int_grid(param.minval, param.maxval, param.count)
     lo, hi, count = param.minval, param.maxval, param.count
     points = [(lo + hi) / 2.0] if count == 1 else [lo + i * (hi - lo) / (count - 1) for i in range(count)]
     if isinstance(param, Log):
         return [float(param.base**p) for p in points]
     return points
+
+
+def _int_grid(lo: int, hi: int, count: int) -> list[int]:
+    """`count` evenly spaced integers from `lo` to `hi` (fewer when the range holds fewer), rounded as Go does."""
+    count = min(count, hi - lo + 1)
+    if count == 1:
+        return [go_round((lo + hi) / 2.0)]
+    step = (hi - lo) / (count - 1)
+    return [go_round(lo + i * step) for i in range(count)]
 
 
 def grid(space: Space) -> list[dict[str, Any]]:

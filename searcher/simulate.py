@@ -176,42 +176,54 @@ class _Sim:
         while work:
             a = work.popleft()
             if isinstance(a, Create):
-                tid = len(self.trials) + 1
-                spu = self.workload.seconds_per_unit(a.hparams, a.trial_seed)
-                t = _Trial(tid, dict(a.hparams), a.trial_seed, spu)
-                if self.rng.random() < self.cfg.invalid_hp_rate:
-                    t.invalid = True
-                elif self.rng.random() < self.cfg.error_rate:
-                    t.error_at = self.rng.randint(0, max(1, self.cfg.final_length or 1))
-                self.trials[tid] = t
-                self.n_active += 1
-                self.requests[a.request_id] = tid
-                self.summary.trials_created += 1
-                self.summary.hparams[tid] = t.hparams
-                work.extend(self.method.on_trial_created(a.request_id, tid))
+                work.extend(self.create(a))
             elif isinstance(a, ValidateAfter):
                 self.validate_after(self.trials[a.trial_id], a.length)
             elif isinstance(a, Pause):
-                t = self.trials[a.trial_id]
-                self.release(t)
-                self.set_state(t, "paused")
-                t.resume_pending = True
-                self.summary.trials_paused += 1
+                self.pause(self.trials[a.trial_id])
             elif isinstance(a, Resume):
-                t = self.trials[a.trial_id]
-                if t.state != "paused":
-                    raise SimulationError(f"Resume of trial {t.trial_id} in state {t.state}")
-                self.set_state(t, "idle")
-                self.summary.trials_resumed += 1
+                self.resume(self.trials[a.trial_id])
             elif isinstance(a, Stop):
-                t = self.trials[a.trial_id]
-                if t.state != "done":
-                    self.release(t)
-                    self.set_state(t, "done")
-                    work.extend(self.close(t))
+                work.extend(self.stop(self.trials[a.trial_id]))
             elif isinstance(a, Shutdown):
                 self.summary.shutdown = a
             self.summary.max_active_trials = max(self.summary.max_active_trials, self.n_active)
+
+    def create(self, a: Create) -> list[Action]:
+        """A new trial, which may be drawn to have invalid hyperparameters or to fail; the method's answer."""
+        tid = len(self.trials) + 1
+        spu = self.workload.seconds_per_unit(a.hparams, a.trial_seed)
+        t = _Trial(tid, dict(a.hparams), a.trial_seed, spu)
+        if self.rng.random() < self.cfg.invalid_hp_rate:
+            t.invalid = True
+        elif self.rng.random() < self.cfg.error_rate:
+            t.error_at = self.rng.randint(0, max(1, self.cfg.final_length or 1))
+        self.trials[tid] = t
+        self.n_active += 1
+        self.requests[a.request_id] = tid
+        self.summary.trials_created += 1
+        self.summary.hparams[tid] = t.hparams
+        return self.method.on_trial_created(a.request_id, tid)
+
+    def pause(self, t: _Trial) -> None:
+        self.release(t)
+        self.set_state(t, "paused")
+        t.resume_pending = True
+        self.summary.trials_paused += 1
+
+    def resume(self, t: _Trial) -> None:
+        if t.state != "paused":
+            raise SimulationError(f"Resume of trial {t.trial_id} in state {t.state}")
+        self.set_state(t, "idle")
+        self.summary.trials_resumed += 1
+
+    def stop(self, t: _Trial) -> list[Action]:
+        """Close the trial unless it is closed already; the method's answer."""
+        if t.state == "done":
+            return []
+        self.release(t)
+        self.set_state(t, "done")
+        return self.close(t)
 
     def close(self, t: _Trial) -> list[Action]:
         self.summary.trials_closed += 1

@@ -175,6 +175,19 @@ def is_transient(stderr: str) -> bool:
     return any(marker in stderr for marker in TRANSIENT_ERRORS)
 
 
+def _failure(argv: list[str], last: str) -> SlurmError:
+    """The error for `argv` that failed with `last`: SlurmUnavailableError when Slurm did not answer."""
+    message = f"{' '.join(argv[:2])} failed: {last}"
+    if is_transient(last):
+        return SlurmUnavailableError(
+            message,
+            command=argv,
+            stderr=last,
+            ambiguous=any(m in last for m in AMBIGUOUS_SUBMIT_ERRORS),
+        )
+    return SlurmError(message, command=argv, stderr=last)
+
+
 class SlurmCli:
     """sbatch/squeue/sacct/scontrol/scancel with retries. Stateless apart from its settings: thread-safe."""
 
@@ -226,28 +239,12 @@ class SlurmCli:
 
         A non-zero exit whose stderr contains one of `ok_stderr` is returned, not raised.
         """
-        argv = list(argv)
         env = _command_env()
-        user = self._as_user(as_user)
-        if user is not None and self.user_runner is None:
-            argv = ["runuser", "-u", user, "--", *argv]
-            user = None
-        cap = getattr(self.__dict__.get("_local"), "cap", None)
-        retries = self.retries if cap is None else min(self.retries, cap)
-        attempts = 1 + (retries if retry else 0)
+        argv, user = self._argv_as(list(argv), as_user)
+        attempts = 1 + (self._retries() if retry else 0)
         last = ""
         for attempt in range(attempts):
-            try:
-                if user is not None and self.user_runner is not None:
-                    result = self.user_runner(user, argv, stdin, self.timeout_s)
-                else:
-                    result = self.runner(argv, stdin, self.timeout_s, env)
-            except subprocess.TimeoutExpired:
-                result = CommandResult(
-                    124, "", f"Socket timed out: {argv[0]} ran longer than {self.timeout_s} s"
-                )
-            except FileNotFoundError as e:
-                raise SlurmError(f"{argv[0]} not found: is Slurm installed?", command=argv) from e
+            result = self._run_once(argv, stdin, env, user)
             if result.returncode == 0 or any(s in result.stderr for s in ok_stderr):
                 return result
             last = result.stderr.strip() or without_verbose(result.stdout).strip()
@@ -256,15 +253,33 @@ class SlurmCli:
             delay = self.backoff_s * 2**attempt
             log.warning("%s failed transiently (%s); retrying in %.1f s", argv[0], last, delay)
             self.sleep(delay)
-        message = f"{' '.join(argv[:2])} failed: {last}"
-        if is_transient(last):
-            raise SlurmUnavailableError(
-                message,
-                command=argv,
-                stderr=last,
-                ambiguous=any(m in last for m in AMBIGUOUS_SUBMIT_ERRORS),
-            )
-        raise SlurmError(message, command=argv, stderr=last)
+        raise _failure(argv, last)
+
+    def _argv_as(self, argv: list[str], as_user: str | None) -> tuple[list[str], str | None]:
+        """`argv` to run and the account `user_runner` runs it as (None: run it directly). Without the helper,
+        another account's command goes through ``runuser``."""
+        user = self._as_user(as_user)
+        if user is not None and self.user_runner is None:
+            return ["runuser", "-u", user, "--", *argv], None
+        return argv, user
+
+    def _retries(self) -> int:
+        """`retries`, capped in this thread by `retries_at_most`."""
+        cap = getattr(self.__dict__.get("_local"), "cap", None)
+        return self.retries if cap is None else min(self.retries, cap)
+
+    def _run_once(
+        self, argv: list[str], stdin: str | None, env: dict[str, str], user: str | None
+    ) -> CommandResult:
+        """One try of `argv` (through `user_runner` when `user` is set); a timeout is a transient failure."""
+        try:
+            if user is not None and self.user_runner is not None:
+                return self.user_runner(user, argv, stdin, self.timeout_s)
+            return self.runner(argv, stdin, self.timeout_s, env)
+        except subprocess.TimeoutExpired:
+            return CommandResult(124, "", f"Socket timed out: {argv[0]} ran longer than {self.timeout_s} s")
+        except FileNotFoundError as e:
+            raise SlurmError(f"{argv[0]} not found: is Slurm installed?", command=argv) from e
 
     def _as_user(self, as_user: str | None) -> str | None:
         """The account to run a command as: None for the master's own. Another account's needs the per-user

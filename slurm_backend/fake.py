@@ -320,15 +320,9 @@ class FakeCluster:
             for job in sorted(self.active(), key=lambda j: (int(j.job_id) + j.nice, int(j.job_id))):
                 if job.state != "PENDING":
                     continue
-                mine = sum(1 for j in running if j.user == job.user)
-                mine_qos = sum(1 for j in running if j.user == job.user and j.qos == job.qos)
-                if job.user in self.max_running_jobs and mine >= self.max_running_jobs[job.user]:
-                    job.reason = "AssocMaxJobsLimit"
-                elif (
-                    job.qos in self.qos_max_running_per_user
-                    and mine_qos >= self.qos_max_running_per_user[job.qos]
-                ):
-                    job.reason = "QOSMaxJobsPerUserLimit"
+                limit = self._running_limit(job, running)
+                if limit is not None:
+                    job.reason = limit
                 elif free <= 0:
                     job.reason = "Priority" if blocked_by_resources else "Resources"
                     blocked_by_resources = True
@@ -339,26 +333,27 @@ class FakeCluster:
                     free -= 1
             return started
 
+    def _running_limit(self, job: FakeJob, running: list[FakeJob]) -> str | None:
+        """The pending reason of a per-user limit on running jobs that holds `job` back, or None."""
+        mine = sum(1 for j in running if j.user == job.user)
+        mine_qos = sum(1 for j in running if j.user == job.user and j.qos == job.qos)
+        if job.user in self.max_running_jobs and mine >= self.max_running_jobs[job.user]:
+            return "AssocMaxJobsLimit"
+        if job.qos in self.qos_max_running_per_user and mine_qos >= self.qos_max_running_per_user[job.qos]:
+            return "QOSMaxJobsPerUserLimit"
+        return None
+
     # ---- commands ---------------------------------------------------------------------------------------
     def _sbatch(self, args: list[str], script: str, user: str) -> CommandResult:
         if not self.controller_up:
             return CommandResult(1, "", SBATCH_UNREACHABLE)
         opts = _sbatch_options(script)
         partition = opts.get("partition", "batch")
-        if partition not in self.partitions:
-            return CommandResult(1, "", SBATCH_BAD_PARTITION)
         account = opts.get("account")
-        if self.accounts is not None and account is not None and account not in self.accounts:
-            return CommandResult(1, "", SBATCH_BAD_ACCOUNT)
         qos = opts.get("qos", "normal")
-        queued = [j for j in self.active() if j.user == user]
-        if user in self.max_submit_jobs and len(queued) >= self.max_submit_jobs[user]:
-            return CommandResult(1, "", SBATCH_LIMIT.format(limit="AssocMaxSubmitJobLimit"))
-        if (
-            qos in self.qos_max_submit_per_user
-            and len([j for j in queued if j.qos == qos]) >= self.qos_max_submit_per_user[qos]
-        ):
-            return CommandResult(1, "", SBATCH_LIMIT.format(limit="QOSMaxSubmitJobPerUserLimit"))
+        refusal = self._sbatch_invalid(partition, account) or self._submit_limit(user, qos)
+        if refusal is not None:
+            return CommandResult(1, "", refusal)
         job_id = str(self._next_id)
         self._next_id += 1
         self.jobs[job_id] = FakeJob(
@@ -381,6 +376,26 @@ class FakeCluster:
             return CommandResult(1, "", SBATCH_TIMED_OUT)
         return CommandResult(0, f"{job_id}\n", "")
 
+    def _sbatch_invalid(self, partition: str, account: str | None) -> str | None:
+        """sbatch's stderr for a partition or account the cluster does not have, or None."""
+        if partition not in self.partitions:
+            return SBATCH_BAD_PARTITION
+        if self.accounts is not None and account is not None and account not in self.accounts:
+            return SBATCH_BAD_ACCOUNT
+        return None
+
+    def _submit_limit(self, user: str, qos: str) -> str | None:
+        """sbatch's stderr when `user` is at a limit on submitted jobs (of theirs, or theirs in `qos`), or None."""
+        queued = [j for j in self.active() if j.user == user]
+        if user in self.max_submit_jobs and len(queued) >= self.max_submit_jobs[user]:
+            return SBATCH_LIMIT.format(limit="AssocMaxSubmitJobLimit")
+        if (
+            qos in self.qos_max_submit_per_user
+            and len([j for j in queued if j.qos == qos]) >= self.qos_max_submit_per_user[qos]
+        ):
+            return SBATCH_LIMIT.format(limit="QOSMaxSubmitJobPerUserLimit")
+        return None
+
     def _squeue(self, args: list[str], _stdin: str, _user: str) -> CommandResult:
         if not self.controller_up:
             return CommandResult(1, "", LOAD_JOBS_UNREACHABLE)
@@ -391,10 +406,7 @@ class FakeCluster:
         jobs = self._squeue_jobs(opts)
         if jobs is None:
             return CommandResult(1, "", INVALID_JOB_ID)
-        if "user" in opts:
-            jobs = [j for j in jobs if j.user == opts["user"]]
-        if opts.get("states") != "all":
-            jobs = [j for j in jobs if j.state in ACTIVE]
+        jobs = _squeue_filter(jobs, opts)
         hidden = {j.job_id for j in jobs} & self._hidden_once
         self._hidden_once -= hidden
         lines = [_squeue_line(j, fmt) for j in jobs if j.job_id not in hidden]
@@ -524,26 +536,34 @@ def _sbatch_options(script: str) -> dict[str, str]:
     return opts
 
 
+def _squeue_filter(jobs: list[FakeJob], opts: dict[str, str]) -> list[FakeJob]:
+    """The jobs `--user` and `--states` let through (without ``--states=all``, only the active ones)."""
+    if "user" in opts:
+        jobs = [j for j in jobs if j.user == opts["user"]]
+    if opts.get("states") != "all":
+        jobs = [j for j in jobs if j.state in ACTIVE]
+    return jobs
+
+
+# squeue's format codes (`%A` ...) the fake knows, and what each prints of a job.
+_SQUEUE_FIELDS: dict[str, Callable[[FakeJob], str]] = {
+    "A": lambda job: job.job_id,
+    "T": lambda job: job.state,
+    "r": lambda job: job.reason,
+    "N": lambda job: job.node_list,
+    "S": lambda job: _ts(job.start_time, "N/A"),
+    "e": lambda job: _ts(job.end_time, "NONE" if job.state == "RUNNING" else "N/A"),
+    "k": lambda job: job.comment or "(null)",
+    "j": lambda job: job.name,
+    "u": lambda job: job.user,
+}
+
+
 def _squeue_field(job: FakeJob, code: str) -> str:
-    if code == "A":
-        return job.job_id
-    if code == "T":
-        return job.state
-    if code == "r":
-        return job.reason
-    if code == "N":
-        return job.node_list
-    if code == "S":
-        return _ts(job.start_time, "N/A")
-    if code == "e":
-        return _ts(job.end_time, "NONE" if job.state == "RUNNING" else "N/A")
-    if code == "k":
-        return job.comment or "(null)"
-    if code == "j":
-        return job.name
-    if code == "u":
-        return job.user
-    raise ValueError(f"the fake squeue does not know %{code}")
+    field = _SQUEUE_FIELDS.get(code)
+    if field is None:
+        raise ValueError(f"the fake squeue does not know %{code}")
+    return field(job)
 
 
 def _squeue_line(job: FakeJob, fmt: str) -> str:

@@ -95,6 +95,14 @@ def parse_sacct(stdout: str) -> dict[str, JobStatus]:
     The job's own line (`123`) gives state, exit code and times. Steps only refine it: a job whose step died
     OUT_OF_MEMORY is reported as OOM even when the job line says FAILED or CANCELLED.
     """
+    jobs, step_states = _sacct_rows(stdout)
+    return {
+        job_id: _sacct_status(job_id, parts, step_states.get(job_id, set())) for job_id, parts in jobs.items()
+    }
+
+
+def _sacct_rows(stdout: str) -> tuple[dict[str, list[str]], dict[str, set[str]]]:
+    """sacct's lines split into fields: {job id: its own line} and {job id: the base states of its steps}."""
     jobs: dict[str, list[str]] = {}
     step_states: dict[str, set[str]] = {}
     for line in stdout.splitlines():
@@ -109,34 +117,34 @@ def parse_sacct(stdout: str) -> dict[str, JobStatus]:
             step_states.setdefault(job_id, set()).add(base_state(parts[1]))
         else:
             jobs[job_id] = parts  # with --duplicates absent, the latest run of the id
-    out: dict[str, JobStatus] = {}
-    for job_id, parts in jobs.items():
-        _, state, exit_code, derived, reason, nodes, start, end = parts
-        state_word = base_state(state)
-        outcome = outcome_for(state, reason)
-        if outcome in {Outcome.FAILED, Outcome.CANCELLED} and "OUT_OF_MEMORY" in step_states.get(
-            job_id, set()
-        ):
-            outcome = Outcome.OOM
-        code, sig = parse_exit_code(exit_code)
-        derived_code, _ = parse_exit_code(derived)
-        if not code and derived_code:
-            code = derived_code  # the batch script exited 0 but a step failed
-        if not _ended(outcome):
-            code = sig = None  # sacct prints 0:0 for jobs that have not ended
-        out[job_id] = JobStatus(
-            job_id=job_id,
-            outcome=outcome,
-            slurm_state=state_word,
-            reason=_reason(reason),
-            exit_code=code,
-            exit_signal=sig,
-            node_list=nodes.strip() if nodes.strip() != "None assigned" else "",
-            start_time=parse_time(start),
-            end_time=parse_time(end),
-            source="sacct",
-        )
-    return out
+    return jobs, step_states
+
+
+def _sacct_status(job_id: str, parts: list[str], step_states: set[str]) -> JobStatus:
+    """The status of the job whose own sacct line is `parts`, refined by its steps' states."""
+    _, state, exit_code, derived, reason, nodes, start, end = parts
+    state_word = base_state(state)
+    outcome = outcome_for(state, reason)
+    if outcome in {Outcome.FAILED, Outcome.CANCELLED} and "OUT_OF_MEMORY" in step_states:
+        outcome = Outcome.OOM
+    code, sig = parse_exit_code(exit_code)
+    derived_code, _ = parse_exit_code(derived)
+    if not code and derived_code:
+        code = derived_code  # the batch script exited 0 but a step failed
+    if not _ended(outcome):
+        code = sig = None  # sacct prints 0:0 for jobs that have not ended
+    return JobStatus(
+        job_id=job_id,
+        outcome=outcome,
+        slurm_state=state_word,
+        reason=_reason(reason),
+        exit_code=code,
+        exit_signal=sig,
+        node_list=nodes.strip() if nodes.strip() != "None assigned" else "",
+        start_time=parse_time(start),
+        end_time=parse_time(end),
+        source="sacct",
+    )
 
 
 _SCONTROL_KEY = re.compile(r"(?:^| )([A-Za-z][A-Za-z0-9_:/]*)=")

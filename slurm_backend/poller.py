@@ -127,29 +127,29 @@ class Poller:
         if not live:
             return 0
         seen, backed_off = self.cli.poll_squeue(live)
-        # UNSCHEDULABLE jobs are still pending in Slurm: sacct knows no exit code, and its reason is stale
-        # (PartitionConfig where squeue says PartitionTimeLimit), so squeue's answer stands.
-        ended = [
-            j
-            for j in live
-            if j not in seen or (seen[j].is_terminal and seen[j].outcome is not Outcome.UNSCHEDULABLE)
-        ]
+        ended = _ended_jobs(live, seen)
         final = self._final_statuses(ended, seen) if ended else {}
         now = self.clock()
         for job_id in live:
             answer = final.get(job_id) or seen.get(job_id)
-            if answer is not None and (job_id in seen or answer.is_terminal):
-                self._missing.pop(job_id, None)
-                status = answer
-            else:
-                # Not in squeue's answer, and no record of its end: missing (sacct may still say RUNNING).
-                status = self._missing_status(job_id, answer, now)
-            if status.is_terminal:
-                self._terminal[job_id] = status
-                self._latest.pop(job_id, None)
-            else:
-                self._latest[job_id] = status
+            self._record(job_id, self._status(job_id, answer, in_squeue=job_id in seen, now=now))
         return backed_off
+
+    def _status(self, job_id: str, answer: JobStatus | None, *, in_squeue: bool, now: float) -> JobStatus:
+        """The job's status from this poll's `answer` (sacct's or squeue's), or as a missing job."""
+        if answer is not None and (in_squeue or answer.is_terminal):
+            self._missing.pop(job_id, None)
+            return answer
+        # Not in squeue's answer, and no record of its end: missing (sacct may still say RUNNING).
+        return self._missing_status(job_id, answer, now)
+
+    def _record(self, job_id: str, status: JobStatus) -> None:
+        """Keep `status`: a terminal one in the cache for good, any other as the job's latest."""
+        if status.is_terminal:
+            self._terminal[job_id] = status
+            self._latest.pop(job_id, None)
+        else:
+            self._latest[job_id] = status
 
     def _missing_status(self, job_id: str, accounted: JobStatus | None, now: float) -> JobStatus:
         since, answers = self._missing.get(job_id, (now, 0))
@@ -190,3 +190,15 @@ class Poller:
                 # sacct unavailable or not yet updated by slurmdbd: slurmctld still has the job's exit code.
                 out[job_id] = self.cli.show_job(job_id) or seen[job_id]
         return out
+
+
+def _ended_jobs(live: list[str], seen: dict[str, JobStatus]) -> list[str]:
+    """The jobs of `live` that squeue no longer knows or says have ended.
+
+    UNSCHEDULABLE jobs are still pending in Slurm: sacct knows no exit code, and its reason is stale
+    (PartitionConfig where squeue says PartitionTimeLimit), so squeue's answer stands."""
+    return [
+        j
+        for j in live
+        if j not in seen or (seen[j].is_terminal and seen[j].outcome is not Outcome.UNSCHEDULABLE)
+    ]

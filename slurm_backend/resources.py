@@ -19,6 +19,11 @@ class NodeShape:
         return self.nodes * self.gpus_per_node
 
 
+def _is_whole_number(value: object) -> bool:
+    """An int ≥ 0 (not a bool)."""
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 0
+
+
 def slots_to_nodes(slots_per_trial: int, slots_per_node: int, *, single_node: bool = False) -> NodeShape:
     """Fill whole nodes: 4 slots at 2 per node → 2 × 2; 1 slot → 1 × 1; 0 slots → one CPU-only node.
 
@@ -26,9 +31,9 @@ def slots_to_nodes(slots_per_trial: int, slots_per_node: int, *, single_node: bo
     pool's slots per node, so that every node runs the same number of ranks, and is refused when `single_node`
     (``resources.is_single_node``).
     """
-    if isinstance(slots_per_trial, bool) or not isinstance(slots_per_trial, int) or slots_per_trial < 0:
+    if not _is_whole_number(slots_per_trial):
         raise ClientError(f"slots_per_trial must be a whole number ≥ 0, not {slots_per_trial!r}", field=FIELD)
-    if isinstance(slots_per_node, bool) or not isinstance(slots_per_node, int) or slots_per_node < 0:
+    if not _is_whole_number(slots_per_node):
         raise ClientError(
             f"the pool's slots per node must be a whole number ≥ 0, not {slots_per_node!r}",
             field="slurm.slots_per_node",

@@ -227,40 +227,50 @@ def validate_sbatch_args(args: Sequence[str]) -> tuple[str, ...]:
         if not isinstance(token, str):
             raise SbatchArgError(f"every argument must be a string, not {token!r}", at)
         i += 1
-        value: str | None
-        if token.startswith("--") and len(token) > 2:
-            name, eq, value = token[2:].partition("=")
-            if not eq:
-                value = None
-            option = _resolve(name, token, at)
-        elif token.startswith("-") and len(token) >= 2 and token[1] != "-":
-            option = SHORT_OPTIONS.get(token[1], "")
-            if not option:
-                raise SbatchArgError(f"{token!r} is not an sbatch option", at)
-            value = token[2:].removeprefix("=") or None
-        else:
-            raise SbatchArgError(
-                f"{token!r} is not an option; sbatch_args may hold only options (the master writes the script)",
-                at,
-            )
-        if option in REFUSED:
-            raise SbatchArgError(f"--{option} is {REFUSED[option]}", at)
-        kind = LONG_OPTIONS[option]
-        if kind == "no" and value is not None:
-            raise SbatchArgError(f"--{option} takes no value", at)
-        if kind == "yes" and value is None:
+        option, value = _split_option(token, at)
+        _check_option(option, value, at)
+        if LONG_OPTIONS[option] == "yes" and value is None:
             if i >= len(args):
                 raise SbatchArgError(f"--{option} needs a value", at)
             value = args[i]
             if not isinstance(value, str):
                 raise SbatchArgError(f"every argument must be a string, not {value!r}", i)
             i += 1
-        if value is None:
-            out.append(f"--{option}")
-        else:
-            _check_value(option, value, at)
-            out.append(f"--{option}={value}")
+        out.append(_normalised(option, value, at))
     return tuple(out)
+
+
+def _split_option(token: str, index: int) -> tuple[str, str | None]:
+    """The long option `token` names (abbreviation and short letter resolved) and the value it carries itself
+    (`--opt=value`, `-Xvalue`), None without one; a token that is not an option is refused."""
+    if token.startswith("--") and len(token) > 2:
+        name, eq, value = token[2:].partition("=")
+        return _resolve(name, token, index), (value if eq else None)
+    if token.startswith("-") and len(token) >= 2 and token[1] != "-":
+        option = SHORT_OPTIONS.get(token[1], "")
+        if not option:
+            raise SbatchArgError(f"{token!r} is not an sbatch option", index)
+        return option, token[2:].removeprefix("=") or None
+    raise SbatchArgError(
+        f"{token!r} is not an option; sbatch_args may hold only options (the master writes the script)",
+        index,
+    )
+
+
+def _check_option(option: str, value: str | None, index: int) -> None:
+    """Refuse an option the master owns, and a value given to an option that takes none."""
+    if option in REFUSED:
+        raise SbatchArgError(f"--{option} is {REFUSED[option]}", index)
+    if LONG_OPTIONS[option] == "no" and value is not None:
+        raise SbatchArgError(f"--{option} takes no value", index)
+
+
+def _normalised(option: str, value: str | None, index: int) -> str:
+    """`--option` or `--option=value`, its value checked."""
+    if value is None:
+        return f"--{option}"
+    _check_value(option, value, index)
+    return f"--{option}={value}"
 
 
 # What a `#SBATCH --opt=value` line cannot carry (render.sbatch_line refuses the same).

@@ -43,6 +43,14 @@ class JobSpec:
     exec_last: bool = True
 
     def __post_init__(self) -> None:
+        self._check_counts()
+        self._check_gpus()
+        self._check_preemption()
+        self._check_script()
+        # Normalise and refuse master-owned options once, here, so a JobSpec is always renderable.
+        object.__setattr__(self, "extra_sbatch_args", validate_sbatch_args(self.extra_sbatch_args))
+
+    def _check_counts(self) -> None:
         for name in ("nodes", "ntasks_per_node"):
             _positive(name, getattr(self, name))
         for name in ("time_limit_min", "cpus_per_task", "mem_per_node_mb"):
@@ -50,6 +58,8 @@ class JobSpec:
                 _positive(name, getattr(self, name))
         if self.nice is not None and not 0 <= self.nice <= NICE_MAX:
             raise ClientError(f"nice must be 0 to {NICE_MAX}, not {self.nice}", field="nice")
+
+    def _check_gpus(self) -> None:
         if self.gpus_per_node < 0:
             raise ClientError("gpus_per_node must be ≥ 0", field="gpus_per_node")
         if self.gpu_request_style not in GPU_REQUEST_STYLES:
@@ -66,11 +76,15 @@ class JobSpec:
             raise ClientError(
                 f"gpu_type {self.gpu_type!r} may hold only letters, digits, _ . -", field="slurm.gpu_type"
             )
+
+    def _check_preemption(self) -> None:
         if self.preempt_lead_s is not None:
             if self.preempt_lead_s < 0 or self.preempt_lead_s > 65535:
                 raise ClientError("preempt_lead_s must be between 0 and 65535", field="preempt_lead_s")
             if not _SIGNAL.match(self.preempt_signal):
                 raise ClientError(f"not a signal name: {self.preempt_signal!r}", field="preempt_signal")
+
+    def _check_script(self) -> None:
         for key, _ in self.env:
             if not _ENV_NAME.match(key):
                 raise ClientError(
@@ -78,8 +92,6 @@ class JobSpec:
                 )
         if not self.commands or any(not cmd for cmd in self.commands):
             raise ClientError("a job needs at least one non-empty command", field="commands")
-        # Normalise and refuse master-owned options once, here, so a JobSpec is always renderable.
-        object.__setattr__(self, "extra_sbatch_args", validate_sbatch_args(self.extra_sbatch_args))
 
     @property
     def total_gpus(self) -> int:

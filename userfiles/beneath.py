@@ -38,11 +38,16 @@ def relative_parts(anchor: StrPath, path: StrPath) -> tuple[str, ...]:
     anchor_s, path_s = os.fspath(anchor), os.fspath(path)
     if not (os.path.isabs(anchor_s) and os.path.isabs(path_s)):
         raise UnsafePathError(errno.EINVAL, "both paths must be absolute", path_s)
-    a = [p for p in anchor_s.split("/") if p not in ("", ".")]
-    p = [c for c in path_s.split("/") if c not in ("", ".")]
+    a = _components(anchor_s)
+    p = _components(path_s)
     if ".." in a or ".." in p or p[: len(a)] != a or len(p) == len(a):
         raise UnsafePathError(errno.EXDEV, f"not below {anchor_s}", path_s)
     return tuple(p[len(a) :])
+
+
+def _components(path: str) -> list[str]:
+    """The components of a POSIX path, without empty ones and ``.`` (``..`` kept)."""
+    return [c for c in path.split("/") if c not in ("", ".")]
 
 
 def _check_name(name: str) -> None:

@@ -213,13 +213,23 @@ def check_slurm_argv(argv: list[str], stdin: object) -> None:
         if not isinstance(stdin, str) or len(stdin) > MAX_SCRIPT_BYTES:
             raise RefusedError("sbatch takes its script on stdin (at most 4 MiB)")
         return
-    scancel = name == "scancel" and args and _JOB_ID.fullmatch(args[-1])
-    if scancel and all(_SCANCEL_FLAG.fullmatch(a) for a in args[:-1]):
-        return
-    nice = name == "scontrol" and len(args) == 3 and args[0] == "update"
-    if nice and _JOB_ID_ARG.fullmatch(args[1]) and _NICE.fullmatch(args[2]):
+    if _is_scancel(name, args) or _is_nice_update(name, args):
         return
     raise RefusedError(f"not a command the helper runs: {' '.join(argv)[:200]}")
+
+
+def _is_scancel(name: str, args: list[str]) -> bool:
+    """``scancel [FLAG...] JOB_ID``, each flag one of ``_SCANCEL_FLAG``."""
+    if name != "scancel" or not args or not _JOB_ID.fullmatch(args[-1]):
+        return False
+    return all(_SCANCEL_FLAG.fullmatch(a) for a in args[:-1])
+
+
+def _is_nice_update(name: str, args: list[str]) -> bool:
+    """``scontrol update JobId=N Nice=M``."""
+    if name != "scontrol" or len(args) != 3 or args[0] != "update":
+        return False
+    return bool(_JOB_ID_ARG.fullmatch(args[1]) and _NICE.fullmatch(args[2]))
 
 
 def _text(request: dict[str, Any], key: str) -> str:

@@ -40,15 +40,32 @@ def remove_dir(path: str) -> dict[str, Any]:
         out["error"] = _describe(path, exc)
         return out
     if not stat.S_ISDIR(st.st_mode):  # a link (or a file) in place of a checkpoint: only it goes
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            out["error"] = _describe(path, exc)
-            return out
-        out["ok"] = out["touched"] = True
+        return _remove_entry(path, out)
+    out["touched"] = True
+    errors = _rmtree_errors(path)
+    if errors:
+        more = f" (and {len(errors) - ERRORS_SHOWN} more)" if len(errors) > ERRORS_SHOWN else ""
+        out["error"] = "; ".join(errors[:ERRORS_SHOWN]) + more
         return out
+    out["ok"] = True
+    return out
+
+
+def _remove_entry(path: str, out: dict[str, Any]) -> dict[str, Any]:
+    """Unlink `path` itself (not a directory: never followed); `out` filled in as `remove_dir` answers."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        out["error"] = _describe(path, exc)
+        return out
+    out["ok"] = out["touched"] = True
+    return out
+
+
+def _rmtree_errors(path: str) -> list[str]:
+    """``shutil.rmtree`` the directory `path`; what could not be removed (an entry gone already is no error)."""
     errors: list[str] = []
 
     def on_error(_func: Any, failed: str, exc_info: Any) -> None:
@@ -56,14 +73,8 @@ def remove_dir(path: str) -> dict[str, Any]:
         if not isinstance(exc, FileNotFoundError):
             errors.append(_describe(failed, exc))
 
-    out["touched"] = True
     if sys.version_info >= (3, 12):
         shutil.rmtree(path, onexc=on_error)
     else:
         shutil.rmtree(path, onerror=on_error)
-    if errors:
-        more = f" (and {len(errors) - ERRORS_SHOWN} more)" if len(errors) > ERRORS_SHOWN else ""
-        out["error"] = "; ".join(errors[:ERRORS_SHOWN]) + more
-        return out
-    out["ok"] = True
-    return out
+    return errors

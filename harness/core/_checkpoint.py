@@ -79,6 +79,42 @@ def _copy_tree(src: pathlib.Path, dst: pathlib.Path, selector: Selector | None) 
         shutil.copy2(src / rel, dst / rel)
 
 
+def _check_shard_views(views: list[Any], error: BaseException | None) -> None:
+    """Raise when a rank failed to write its part (this rank's own `error` when it is the one), or when two ranks
+    wrote the same file (or one wrote the metadata file). `views` holds every rank's ``(ok, files, metadata)``."""
+    failed = [r for r, (ok, _, _) in enumerate(views) if not ok]
+    if failed:
+        raise error or RuntimeError(f"sharded checkpoint failed on ranks {failed}")
+    owners: dict[str, int] = {}
+    for r, (_, fs, _) in enumerate(views):
+        for f in fs:
+            if f in owners or f == METADATA_FILE:
+                raise RuntimeError(f"sharded checkpoint: ranks {owners.get(f, r)} and {r} both wrote {f}")
+            owners[f] = r
+
+
+def _move_files(src: pathlib.Path, dst: pathlib.Path, files: list[str]) -> None:
+    """Move the relative paths `files` from `src` into `dst` (created when missing)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        (dst / f).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src / f, dst / f)
+
+
+def _check_save_args(filename: str, *, shard: bool, asynchronous: bool) -> None:
+    """ValueError when ``save_state``'s `filename` is not a plain relative name, or it asks for an asynchronous
+    sharded save."""
+    name = pathlib.PurePosixPath(filename)
+    if not filename or name.is_absolute() or ".." in name.parts or filename == METADATA_FILE:
+        raise ValueError(f"filename: {filename!r} must be a relative name other than {METADATA_FILE}")
+    if shard and asynchronous:
+        raise ValueError(
+            "save_state(asynchronous=True) does not take shard=True: sharded state (DeepSpeed, FSDP) is "
+            "saved synchronously (store_path(shard=True)); for asynchronous sharded saves use "
+            "torch.distributed.checkpoint.async_save"
+        )
+
+
 class CheckpointContext:
     """Stores checkpoints under ``base_path``; registers them with the master when ``session`` is set."""
 
@@ -163,26 +199,18 @@ class CheckpointContext:
             fsync_tree(mine)
         views = dist.allgather((error is None, files, metadata))
         try:
-            failed = [r for r, (ok, _, _) in enumerate(views) if not ok]
-            if failed:
-                raise error or RuntimeError(f"sharded checkpoint failed on ranks {failed}")
-            owners: dict[str, int] = {}
-            for r, (_, fs, _) in enumerate(views):
-                for f in fs:
-                    if f in owners or f == METADATA_FILE:
-                        raise RuntimeError(
-                            f"sharded checkpoint: ranks {owners.get(f, r)} and {r} both wrote {f}"
-                        )
-                    owners[f] = r
+            _check_shard_views(views, error)
             merged_md = self._merge_metadata([md for _, _, md in views])
-            merged.mkdir(parents=True, exist_ok=True)
-            for f in files:
-                (merged / f).parent.mkdir(parents=True, exist_ok=True)
-                os.replace(mine / f, merged / f)
+            _move_files(mine, merged, files)
         finally:
             shutil.rmtree(mine, ignore_errors=True)
         done = dist.allgather(None)  # every part is in place
         del done
+        self._publish_sharded(merged, storage_id, merged_md)
+
+    def _publish_sharded(self, merged: pathlib.Path, storage_id: str, merged_md: dict[str, Any]) -> None:
+        """The chief seals, renames and registers the merged checkpoint; every rank raises when that failed."""
+        dist = self._dist
         outcome: str | None = None
         if dist.rank == 0:
             try:
@@ -276,15 +304,7 @@ class CheckpointContext:
           written at once, synchronously;
         - otherwise it waits for the one in flight, then is staged.
         """
-        name = pathlib.PurePosixPath(filename)
-        if not filename or name.is_absolute() or ".." in name.parts or filename == METADATA_FILE:
-            raise ValueError(f"filename: {filename!r} must be a relative name other than {METADATA_FILE}")
-        if shard and asynchronous:
-            raise ValueError(
-                "save_state(asynchronous=True) does not take shard=True: sharded state (DeepSpeed, FSDP) is "
-                "saved synchronously (store_path(shard=True)); for asynchronous sharded saves use "
-                "torch.distributed.checkpoint.async_save"
-            )
+        _check_save_args(filename, shard=shard, asynchronous=asynchronous)
         from harness.core import _async_save
 
         if shard:
@@ -296,24 +316,33 @@ class CheckpointContext:
         metadata = self._check_metadata(metadata)
         steps = metadata.get("steps_completed")
         final = not asynchronous or self._stopping()
-        inflight, self._inflight = self._inflight, None
-        if inflight is not None:
-            if not inflight.done and steps is not None and inflight.steps == steps:
-                if final:
-                    inflight.wait()
-                else:
-                    self._inflight = inflight
-                return inflight.storage_id  # no training step since it started: it is this save
-            if final and not inflight.done:
-                if not inflight.abandon():
-                    inflight.wait()  # it was already committing: it completed (or says why not)
-            else:
-                inflight.wait()
+        same = self._settle_inflight(steps, final=final)
+        if same is not None:
+            return same
         if final:
             with self.store_path(metadata) as (path, storage_id):
                 _async_save.write_state(state, path / filename)
             return storage_id
         return self._start_async(state, metadata, filename, steps)
+
+    def _settle_inflight(self, steps: Any, *, final: bool) -> str | None:
+        """Before a new save: the storage_id of the save in flight when it is this save (no training step since it
+        started), else None once that save is completed or abandoned (or when there is none)."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return None
+        if not inflight.done and steps is not None and inflight.steps == steps:
+            if final:
+                inflight.wait()
+            else:
+                self._inflight = inflight
+            return inflight.storage_id  # no training step since it started: it is this save
+        if final and not inflight.done:
+            if not inflight.abandon():
+                inflight.wait()  # it was already committing: it completed (or says why not)
+        else:
+            inflight.wait()
+        return None
 
     def _start_async(self, state: Any, metadata: dict[str, Any], filename: str, steps: Any) -> str:
         from harness.core import _async_save

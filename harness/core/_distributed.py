@@ -97,6 +97,12 @@ class DistributedContext:
             self._server.accept_all(self._timeout_s)
         else:
             self._client = StarClient(self._chief_ip, self._pub_port, self.rank, secret, self._timeout_s)
+        self._init_local_ipc(secret)
+
+    def _init_local_ipc(self, secret: bytes) -> None:
+        """The per-node star, once the global one is up; the local chiefs tell their ports to their nodes' other
+        ranks in one allgather over the global star."""
+        from harness.core._star import StarServer
 
         if self.local_size < 2:
             if self.cross_size > 1 and self.size > self.cross_size:
@@ -111,12 +117,16 @@ class DistributedContext:
             _ = self.allgather((self.cross_rank, local.port))
             local.accept_all(self._timeout_s)
         else:
-            chiefs = [x for x in self.allgather(None) if x is not None and x[0] == self.cross_rank]
-            if len(chiefs) != 1:
-                raise RuntimeError(f"expected one local chief for node {self.cross_rank}, got {chiefs}")
-            self._local_client = StarClient(
-                "127.0.0.1", chiefs[0][1], self.local_rank, secret, self._timeout_s
-            )
+            self._connect_local_chief(secret)
+
+    def _connect_local_chief(self, secret: bytes) -> None:
+        """A local worker: learn this node's local chief's port (allgather) and connect to it."""
+        from harness.core._star import StarClient
+
+        chiefs = [x for x in self.allgather(None) if x is not None and x[0] == self.cross_rank]
+        if len(chiefs) != 1:
+            raise RuntimeError(f"expected one local chief for node {self.cross_rank}, got {chiefs}")
+        self._local_client = StarClient("127.0.0.1", chiefs[0][1], self.local_rank, secret, self._timeout_s)
 
     @classmethod
     def from_torch_distributed(cls, chief_ip: str | None = None) -> DistributedContext:

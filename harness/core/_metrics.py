@@ -92,7 +92,7 @@ class MetricsShipper:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._wake.set()
         with self._idle:
-            while self._pending or self._in_flight or self._spilled or self._control or self._draining_spill:
+            while self._unsent_locked():
                 if not self._thread.is_alive():
                     return False
                 left = None if deadline is None else deadline - time.monotonic()
@@ -101,6 +101,13 @@ class MetricsShipper:
                 self._wake.set()
                 self._idle.wait(0.05 if left is None else min(left, 0.05))
         return True
+
+    def _unsent_locked(self) -> bool:
+        """Whether anything put so far is not yet accepted by the master (queued, in flight, spilled, a control
+        call, or a spill file being sent). The caller holds the lock."""
+        return bool(
+            self._pending or self._in_flight or self._spilled or self._control or self._draining_spill
+        )
 
     def close(self, timeout_s: float = 60.0) -> bool:
         ok = self.flush(timeout_s)

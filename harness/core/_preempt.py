@@ -184,29 +184,32 @@ class PreemptContext:
 
     def should_preempt(self, auto_ack: bool = True) -> bool:
         """True when the task should checkpoint and exit. See the module doc for who must call it when."""
-        if not self._started:
-            raise RuntimeError(
-                "you cannot call PreemptContext.should_preempt() before PreemptContext.start()"
-            )
         mode = self._preempt_mode
-        if mode == PreemptMode.ChiefOnly and self._dist.rank != 0:
-            raise RuntimeError(
-                "PreemptContext was configured with preempt_mode=ChiefOnly but .should_preempt() was "
-                f"called from non-chief worker of rank={self._dist.rank}"
-            )
+        self._check_may_ask(mode)
         out = self._local_view()
         if mode == PreemptMode.WorkersAskChief:
             out = any(self._dist.allgather(out))
         if out:
             self.answered_true = True
-        if (
-            out
-            and auto_ack
-            and not self._ack_sent
-            and (self._dist.rank == 0 or mode == PreemptMode.WorkersAskMaster)
-        ):
+        if out and auto_ack and not self._ack_sent and self._acknowledges(mode):
             self.acknowledge_preemption_signal()
         return out
+
+    def _check_may_ask(self, mode: PreemptMode) -> None:
+        """RuntimeError when should_preempt() is called before start(), or off the chief in ChiefOnly mode."""
+        if not self._started:
+            raise RuntimeError(
+                "you cannot call PreemptContext.should_preempt() before PreemptContext.start()"
+            )
+        if mode == PreemptMode.ChiefOnly and self._dist.rank != 0:
+            raise RuntimeError(
+                "PreemptContext was configured with preempt_mode=ChiefOnly but .should_preempt() was "
+                f"called from non-chief worker of rank={self._dist.rank}"
+            )
+
+    def _acknowledges(self, mode: PreemptMode) -> bool:
+        """Whether this rank tells the master about a preemption: the chief, or every rank in WorkersAskMaster."""
+        return self._dist.rank == 0 or mode == PreemptMode.WorkersAskMaster
 
     def acknowledge_preemption_signal(self) -> None:
         """Tell the master that we exit because of preemption and expect to be resumed."""

@@ -135,18 +135,23 @@ def _tar_members(tar: tarfile.TarFile, w: _Writer) -> None:
         elif member.issym():
             w.symlink(rel, member.linkname)
         elif member.islnk():
-            target = _clean_name(member.linkname)
-            if target not in w.files:
-                raise UnsafeArchiveError(
-                    f"hard link {rel!r} points to {member.linkname!r}, not an earlier file"
-                )
-            with open(os.path.join(w.root, *target.split("/")), "rb") as src_file:
-                w.file(rel, src_file, member.mode)
+            _tar_hardlink(member, rel, w)
         else:
-            kind = (
-                "device file" if member.ischr() or member.isblk() else "FIFO" if member.isfifo() else "entry"
-            )
-            raise UnsafeArchiveError(f"{kind} {member.name!r} is not allowed in a context")
+            raise UnsafeArchiveError(f"{_refused_kind(member)} {member.name!r} is not allowed in a context")
+
+
+def _tar_hardlink(member: tarfile.TarInfo, rel: str, w: _Writer) -> None:
+    """A hard link becomes a copy of its target, which must be an earlier regular file of the archive."""
+    target = _clean_name(member.linkname)
+    if target not in w.files:
+        raise UnsafeArchiveError(f"hard link {rel!r} points to {member.linkname!r}, not an earlier file")
+    with open(os.path.join(w.root, *target.split("/")), "rb") as src_file:
+        w.file(rel, src_file, member.mode)
+
+
+def _refused_kind(member: tarfile.TarInfo) -> str:
+    """What a tar member that is no directory, file or link is, for the refusal's message."""
+    return "device file" if member.ischr() or member.isblk() else "FIFO" if member.isfifo() else "entry"
 
 
 def _zip_members(zf: zipfile.ZipFile, w: _Writer) -> None:

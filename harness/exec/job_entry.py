@@ -340,10 +340,7 @@ def run_job(run_dir: str, base_env: Mapping[str, str]) -> tuple[int, ExitRecord]
         sup.install()
         token = read_token(run_dir)
         stage = "cluster_info"
-        try:
-            addrs = container_addrs(base_env)
-        except (NodeListError, OSError, subprocess.SubprocessError) as e:
-            raise JobEntryError(f"cannot find the job's node addresses: {e}", stage) from None
+        addrs = _node_addrs(base_env, stage)
         write_cluster_info(run_dir, addrs)
         env = build_environment(plan, token, base_env, addrs)
         stage = "context"
@@ -356,12 +353,7 @@ def run_job(run_dir: str, base_env: Mapping[str, str]) -> tuple[int, ExitRecord]
         if sup.preemption_requested:
             reason = "preempted before the entrypoint started"
             return 0, exit_record(code=0, stage=stage, reason=reason, preempted=True, signum=sup.first_signal)
-        try:
-            argv = plan_files.resolve_entrypoint(
-                plan.entrypoint, plan.slots_per_trial, box.python if box else plan.python
-            )
-        except ValueError as e:
-            raise JobEntryError(str(e), stage) from None
+        argv = _entrypoint_argv(plan, box, stage)
         launcher = plan_files.launcher_of(argv) or ""
         ours = launcher.startswith(("launchers.", "determined.launch."))
         if box is not None:
@@ -378,6 +370,31 @@ def run_job(run_dir: str, base_env: Mapping[str, str]) -> tuple[int, ExitRecord]
     finally:
         if sup is not None:
             sup.uninstall()
+    return code, _entrypoint_exit_record(code, sup, run_dir, stage)
+
+
+def _node_addrs(base_env: Mapping[str, str], stage: str) -> list[str]:
+    """The job's node addresses (``container_addrs``); JobEntryError at `stage` when they cannot be found."""
+    try:
+        return container_addrs(base_env)
+    except (NodeListError, OSError, subprocess.SubprocessError) as e:
+        raise JobEntryError(f"cannot find the job's node addresses: {e}", stage) from None
+
+
+def _entrypoint_argv(plan: JobPlan, box: JobContainer | None, stage: str) -> list[str]:
+    """The plan's entrypoint as argv, run by the image's interpreter in an image; JobEntryError at `stage` when
+    it cannot be resolved."""
+    try:
+        return plan_files.resolve_entrypoint(
+            plan.entrypoint, plan.slots_per_trial, box.python if box else plan.python
+        )
+    except ValueError as e:
+        raise JobEntryError(str(e), stage) from None
+
+
+def _entrypoint_exit_record(code: int, sup: Supervisor, run_dir: str, stage: str) -> ExitRecord:
+    """The exit record once the entrypoint exited with `code`: a clean exit after a preemption signal (forwarded,
+    or acknowledged by the harness) is a preemption."""
     acked = os.path.exists(os.path.join(run_dir, plan_files.PREEMPT_ACK_FILE))
     preempted = code == 0 and (acked or sup.preemption_requested)
     if preempted:
@@ -387,7 +404,7 @@ def run_job(run_dir: str, base_env: Mapping[str, str]) -> tuple[int, ExitRecord]
     else:
         reason = describe_exit(code, sup.killed_by)
     signum = sup.first_signal or sup.killed_by
-    return code, exit_record(code=code, stage=stage, reason=reason, preempted=preempted, signum=signum)
+    return exit_record(code=code, stage=stage, reason=reason, preempted=preempted, signum=signum)
 
 
 def parse_run_dir(argv: list[str]) -> str:

@@ -44,6 +44,12 @@ def _expand_one(host: str) -> list[str]:
     if m is None or not m.group(2):
         return [host]
     prefix, ranges, rest = m.group(1), m.group(2)[1:-1], m.group(3)
+    names = _expand_ranges(host, prefix, ranges)
+    return [name + tail for name in names for tail in _expand_one(rest)] if rest else names
+
+
+def _expand_ranges(host: str, prefix: str, ranges: str) -> list[str]:
+    """`prefix` followed by each number of `ranges` (``1-3,05``: widths kept); `host` is for the error."""
     names: list[str] = []
     for part in ranges.split(","):
         lo, dash, hi = part.partition("-")
@@ -52,7 +58,7 @@ def _expand_one(host: str) -> list[str]:
         width = len(lo)
         for n in range(int(lo), int(hi if dash else lo) + 1):
             names.append(f"{prefix}{n:0{width}d}")
-    return [name + tail for name in names for tail in _expand_one(rest)] if rest else names
+    return names
 
 
 def expand_nodelist(nodelist: str) -> list[str]:

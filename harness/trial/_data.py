@@ -104,21 +104,26 @@ class ShardedBatches(torch.utils.data.Sampler[list[int]]):
             if hasattr(spec.batch_sampler, "set_epoch"):
                 spec.batch_sampler.set_epoch(self.epoch)
             return [list(b) for b in spec.batch_sampler]
-        if spec.sampler is not None:
-            if hasattr(spec.sampler, "set_epoch"):
-                spec.sampler.set_epoch(self.epoch)
-            order: Sequence[int] = list(spec.sampler)
-        elif spec.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self._seed * 1_000_003 + self.epoch)
-            order = torch.randperm(len(spec.dataset), generator=g).tolist()
-        else:
-            order = range(len(spec.dataset))
+        order = self._sample_order()
         bs = spec.batch_size
         out = [list(order[i : i + bs]) for i in range(0, len(order), bs)]
         if out and spec.drop_last and len(out[-1]) < bs:
             out.pop()
         return out
+
+    def _sample_order(self) -> Sequence[int]:
+        """This epoch's dataset indices: the loader's sampler, a seeded shuffle, or in order."""
+        spec = self._spec
+        if spec.sampler is not None:
+            if hasattr(spec.sampler, "set_epoch"):
+                spec.sampler.set_epoch(self.epoch)
+            return list(spec.sampler)
+        if spec.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self._seed * 1_000_003 + self.epoch)
+            order: list[int] = torch.randperm(len(spec.dataset), generator=g).tolist()
+            return order
+        return range(len(spec.dataset))
 
     def _my_batches(self) -> list[list[int]]:
         batches = self._all_batches()

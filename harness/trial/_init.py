@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypedDict
 
 from harness import core
 from harness.trial._context import PyTorchTrialContext
@@ -31,6 +31,23 @@ def load_trial_class(entrypoint: str) -> type[PyTorchTrial]:
     if not (isinstance(obj, type) and issubclass(obj, PyTorchTrial)):
         raise TypeError(f"{entrypoint} is not a PyTorchTrial subclass")
     return obj
+
+
+class _TrialNumbers(TypedDict):
+    trial_seed: int
+    trial_id: int
+    experiment_id: int
+
+
+def _trial_numbers(info: core.ClusterInfo | None) -> _TrialNumbers:
+    """``trial_seed``, ``trial_id`` and ``experiment_id`` of the running trial; 0 off-cluster."""
+    if info is None:
+        return {"trial_seed": 0, "trial_id": 0, "experiment_id": 0}
+    return {
+        "trial_seed": info.trial.trial_seed,
+        "trial_id": info.trial.trial_id,
+        "experiment_id": info.trial.experiment_id,
+    }
 
 
 def _distributed() -> core.DistributedContext | None:
@@ -57,9 +74,7 @@ def init(
             ctx,
             hparams=hparams or {},
             config=exp_conf or {},
-            trial_seed=info.trial.trial_seed if info else 0,
-            trial_id=info.trial.trial_id if info else 0,
-            experiment_id=info.trial.experiment_id if info else 0,
+            **_trial_numbers(info),
         )
 
 
@@ -85,9 +100,7 @@ def run(
             ctx,
             hparams=hparams or {},
             config=config or {},
-            trial_seed=info.trial.trial_seed if info else 0,
-            trial_id=info.trial.trial_id if info else 0,
-            experiment_id=info.trial.experiment_id if info else 0,
+            **_trial_numbers(info),
         )
         trainer = Trainer(trial, context)
         done = trainer.fit(max_length=max_length, latest_checkpoint=latest_checkpoint)

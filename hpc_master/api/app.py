@@ -81,13 +81,7 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length: int | None = None
-        chunked = False
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                length = int(value) if value.isdigit() else None
-            elif name == b"transfer-encoding":
-                chunked = True  # the length is known only once the body is read
+        length, chunked = _declared_body(scope)
         limit = MAX_BODY_BYTES
         if length is not None and length > limit:
             await _refuse(scope, receive, send, _too_large(limit))
@@ -99,6 +93,11 @@ class BodyLimit:
                 return
         else:
             limit = ANONYMOUS_BODY_BYTES
+        await self._run_counted(scope, receive, send, limit)
+
+    async def _run_counted(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        """Run the app with the body counted as it arrives: past `limit`, the app's answer is replaced by a
+        413 (unless it had started)."""
         counted = _CountedReceive(receive, limit)
         started = False
 
@@ -116,6 +115,19 @@ class BodyLimit:
                 raise
         if counted.exceeded and not started:
             await _refuse(scope, receive, send, _too_large(limit))
+
+
+def _declared_body(scope: Scope) -> tuple[int | None, bool]:
+    """The request's declared body length (None when not a number or not declared), and whether it is
+    chunked."""
+    length: int | None = None
+    chunked = False
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            length = int(value) if value.isdigit() else None
+        elif name == b"transfer-encoding":
+            chunked = True  # the length is known only once the body is read
+    return length, chunked
 
 
 class _CountedReceive:

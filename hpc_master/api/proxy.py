@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from fastapi import APIRouter, Request, WebSocket
@@ -38,6 +38,9 @@ from hpc_master.errors import PermissionDeniedError, UnauthenticatedError
 from hpc_master.services import users
 from hpc_master.services.users import Principal
 from hpc_master.tasks.service import TaskState
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
 
 log = logging.getLogger(__name__)
 router = APIRouter(include_in_schema=False)
@@ -161,21 +164,26 @@ def _lookup(state: AppState, token: str, task_id: str, by_cookie: bool) -> Targe
                 f"task {task_id} is another user's: an admin reaches it with a bearer token, never with the "
                 "web UI's cookie (its pages would run with the admin's session)",
             )  # fmt: skip
-        if task.state == TaskState.TERMINATED:
-            raise ProxyError(
-                410, "ended", f"task {task_id} has ended: {task.exit_status or 'no reason recorded'}"
-            )
-        if task.state == TaskState.TERMINATING:
-            raise ProxyError(410, "ended", f"task {task_id} is ending: its job is being cancelled")
-        if task.state != TaskState.RUNNING or not task.service_address:
-            where = f"waiting in Slurm ({task.pending_reason})" if task.pending_reason else "starting"
-            raise ProxyError(503, "not_ready", f"task {task_id} is {where}", retry=True)
-        if not task.service_token:
-            raise ProxyError(
-                502, "no_token", f"task {task_id} has no server token on record (an older master started it): "
-                "kill it and start it again",
-            )  # fmt: skip
-        return Target(task_id, task.service_address, task.service_token, task.description)
+        return _ready_target(task, task_id)
+
+
+def _ready_target(task: TaskModel, task_id: str) -> Target:
+    """Where the task's server is and its token, once it runs and answers; else why not (410, 503, 502)."""
+    if task.state == TaskState.TERMINATED:
+        raise ProxyError(
+            410, "ended", f"task {task_id} has ended: {task.exit_status or 'no reason recorded'}"
+        )
+    if task.state == TaskState.TERMINATING:
+        raise ProxyError(410, "ended", f"task {task_id} is ending: its job is being cancelled")
+    if task.state != TaskState.RUNNING or not task.service_address:
+        where = f"waiting in Slurm ({task.pending_reason})" if task.pending_reason else "starting"
+        raise ProxyError(503, "not_ready", f"task {task_id} is {where}", retry=True)
+    if not task.service_token:
+        raise ProxyError(
+            502, "no_token", f"task {task_id} has no server token on record (an older master started it): "
+            "kill it and start it again",
+        )  # fmt: skip
+    return Target(task_id, task.service_address, task.service_token, task.description)
 
 
 async def resolve(
@@ -319,35 +327,20 @@ async def proxy_http(task_id: str, path: str, request: Request) -> Response:
 
 @router.websocket("/proxy/{task_id}/{path:path}")
 async def proxy_ws(websocket: WebSocket, task_id: str, path: str) -> None:
-    from websockets.asyncio.client import connect
-
     state: AppState = websocket.app.state.det
     if not _same_origin(websocket.headers):
         await websocket.close(code=1008, reason="a WebSocket from another site cannot use your session")
         return
     try:
         target = await resolve(state, websocket.headers, dict(websocket.cookies), task_id, "GET")
-    except ProxyError as err:
-        await websocket.close(code=1008, reason=err.message[:120])
-        return
-    try:
         url = f"ws://{target.address}{upstream_path(task_id, websocket.scope.get('raw_path') or b'')}"
     except ProxyError as err:
         await websocket.close(code=1008, reason=err.message[:120])
         return
     if websocket.url.query:
         url += f"?{websocket.url.query}"
-    protocols = [
-        p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()
-    ]
-    try:
-        upstream = await connect(
-            url, additional_headers={"Authorization": f"token {target.token}"},
-            subprotocols=protocols or None, max_size=None, open_timeout=10, ping_interval=None,  # type: ignore[arg-type]
-        )  # fmt: skip
-    except Exception as e:  # refused, timed out, a handshake the server rejected
-        log.info("task %s: its server refused a WebSocket: %r", task_id, e)  # never echoed to the client
-        await websocket.close(code=1011, reason="the task's server refused the WebSocket")
+    upstream = await _connect_upstream(websocket, url, target.token, task_id)
+    if upstream is None:
         return
     await websocket.accept(subprotocol=upstream.subprotocol)
 
@@ -387,15 +380,44 @@ async def proxy_ws(websocket: WebSocket, task_id: str, path: str) -> None:
     try:
         await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for p in pumps:
-            p.cancel()
-        code = upstream.close_code or 1000
-        await upstream.close()
-        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-            if ended:  # the session or the task ended: policy violation, with why
-                await websocket.close(code=1008, reason=ended[0][:120])
-            else:
-                await websocket.close(code=1001 if code in (1005, 1006) else code)
+        await _close_both(websocket, upstream, pumps, ended)
+
+
+async def _connect_upstream(
+    websocket: WebSocket, url: str, token: str, task_id: str
+) -> ClientConnection | None:
+    """The WebSocket to the task's server, with the client's subprotocols; None when it refused (the client's
+    is then closed, 1011)."""
+    from websockets.asyncio.client import connect
+
+    protocols = [
+        p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()
+    ]
+    try:
+        return await connect(
+            url, additional_headers={"Authorization": f"token {token}"},
+            subprotocols=protocols or None, max_size=None, open_timeout=10, ping_interval=None,  # type: ignore[arg-type]
+        )  # fmt: skip
+    except Exception as e:  # refused, timed out, a handshake the server rejected
+        log.info("task %s: its server refused a WebSocket: %r", task_id, e)  # never echoed to the client
+        await websocket.close(code=1011, reason="the task's server refused the WebSocket")
+        return None
+
+
+async def _close_both(
+    websocket: WebSocket, upstream: ClientConnection, pumps: list[asyncio.Task[None]], ended: list[str]
+) -> None:
+    """Stop the pumps and close both ends: the client's with the server's code, or 1008 and why when the
+    session or the task ended."""
+    for p in pumps:
+        p.cancel()
+    code = upstream.close_code or 1000
+    await upstream.close()
+    with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+        if ended:  # the session or the task ended: policy violation, with why
+            await websocket.close(code=1008, reason=ended[0][:120])
+        else:
+            await websocket.close(code=1001 if code in (1005, 1006) else code)
 
 
 async def close(state: AppState) -> None:

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import StreamingResponse
 from pydantic import ConfigDict, Field
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from hpc_master.admission import admit_task
@@ -25,10 +26,11 @@ from hpc_master.api.streams import open_stream, stream_threads
 from hpc_master.db.models import UserModel
 from hpc_master.errors import ClientError
 from hpc_master.expconf import load_yaml
-from hpc_master.expconf.tasks import TaskType
+from hpc_master.expconf.tasks import TaskConfig, TaskType
 from hpc_master.services import context as ctx
 from hpc_master.services import logs, notify
 from hpc_master.services.stored_config import task_config
+from hpc_master.services.users import Principal
 from hpc_master.taskjob import task_run_dir
 from hpc_master.tasks import service as svc
 from hpc_master.tasks.tensorboard import logdir_spec
@@ -81,18 +83,13 @@ def launch(state: State, principal: Any, body: LaunchTaskRequest, task_type: Tas
     )
     config, pool, root = admitted.config, admitted.pool, str(state.config.job_storage_dir())
     archive = ctx.pack_context(files) if files else None
-    experiment_ids, trial_ids = body.experiment_ids or [], body.trial_ids or []
-    if task_type is not TaskType.TENSORBOARD and (experiment_ids or trial_ids):
-        raise ClientError("only a TensorBoard takes experimentIds and trialIds", field="experimentIds")
+    experiment_ids, trial_ids = _tensorboard_ids(body, task_type)
     with state.tx() as session:
         service_args = None
         if task_type is TaskType.TENSORBOARD:
-            service_args, experiments = logdir_spec(
-                session, principal, experiment_ids, trial_ids, str(state.config.checkpoint_dir())
+            service_args = _tensorboard_args(
+                session, principal, config, experiment_ids, trial_ids, str(state.config.checkpoint_dir())
             )
-            if not config.description:
-                word = "experiment" if len(experiments) == 1 else "experiments"
-                config.description = f"TensorBoard ({word} {', '.join(map(str, experiments))})"[:512]
         if body.preview:
             return {"config": config.to_dict(), "warnings": [],
                     task_type.lower(): svc.preview_to_api(task_type, config, pool.name, principal.username)}  # fmt: skip
@@ -113,6 +110,30 @@ def launch(state: State, principal: Any, body: LaunchTaskRequest, task_type: Tas
         answer[task_type.lower()] = svc.task_to_api(task, owner)
     notify.changed()
     return answer
+
+
+def _tensorboard_ids(body: LaunchTaskRequest, task_type: TaskType) -> tuple[list[int], list[int]]:
+    """The experiments and trials asked for (only a TensorBoard takes any)."""
+    experiment_ids, trial_ids = body.experiment_ids or [], body.trial_ids or []
+    if task_type is not TaskType.TENSORBOARD and (experiment_ids or trial_ids):
+        raise ClientError("only a TensorBoard takes experimentIds and trialIds", field="experimentIds")
+    return experiment_ids, trial_ids
+
+
+def _tensorboard_args(
+    session: Session,
+    principal: Principal,
+    config: TaskConfig,
+    experiment_ids: list[int],
+    trial_ids: list[int],
+    checkpoint_root: str,
+) -> list[str]:
+    """A TensorBoard's server arguments for what it shows; with no description, one naming its experiments."""
+    service_args, experiments = logdir_spec(session, principal, experiment_ids, trial_ids, checkpoint_root)
+    if not config.description:
+        word = "experiment" if len(experiments) == 1 else "experiments"
+        config.description = f"TensorBoard ({word} {', '.join(map(str, experiments))})"[:512]
+    return service_args
 
 
 def _add_typed_routes(plural: str, task_type: TaskType) -> None:

@@ -372,6 +372,11 @@ def _hub(request: Request, key: Any, read: Callable[[], Callable[[], Digests]]) 
     return hub
 
 
+def _unsent(digests: Digests, sent: Digests) -> Digests:
+    """The digests that differ from (or are missing in) those a listener was last sent."""
+    return {k: v for k, v in digests.items() if sent.get(k) != v}
+
+
 async def _messages(
     request: Request, key: Any, read: Callable[[], Callable[[], Digests]], follow: bool
 ) -> AsyncIterator[bytes]:
@@ -395,7 +400,7 @@ async def _messages(
                 checked_at = time.monotonic()
             if hub.generation > seen:
                 seen = hub.generation
-                changed = {k: v for k, v in hub.digests.items() if sent.get(k) != v}
+                changed = _unsent(hub.digests, sent)
                 sent = dict(hub.digests)
                 if changed:
                     quiet_since = time.monotonic()

@@ -120,17 +120,21 @@ def drop_token(master: str, user: str, *, keep_active: bool = False) -> None:
 # ---------------------------------------------------------------- HTTP
 
 
-def _raise_for(response: httpx.Response) -> None:
-    if response.is_success:
-        return
+def _error_parts(response: httpx.Response) -> tuple[str, str, Any]:
+    """The ``code``, ``message`` and ``field`` of a failed response: from its JSON body, else from its text."""
     try:
         body = response.json()
     except ValueError:
         body = None
     if isinstance(body, dict) and "message" in body:
-        code, message, field = str(body.get("code") or ""), str(body["message"]), body.get("field")
-    else:
-        code, message, field = "", (response.text.strip()[:300] or response.reason_phrase), None
+        return str(body.get("code") or ""), str(body["message"]), body.get("field")
+    return "", (response.text.strip()[:300] or response.reason_phrase), None
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.is_success:
+        return
+    code, message, field = _error_parts(response)
     if response.status_code >= 500:
         raise ApiServerError(f"the master failed: {message} (HTTP {response.status_code})")
     cls = ApiConfigError if code == "invalid_config" else ApiError
@@ -233,16 +237,7 @@ class Session:
             hdrs = dict(headers or {})
             if auth:
                 hdrs["Authorization"] = f"Bearer {self.token()}"
-            try:
-                body = content() if callable(content) else content
-                response = self._http.request(
-                    method, path, json=json, params=params, content=body, headers=hdrs
-                )
-            except httpx.ConnectError as err:
-                raise self._unreachable(err) from None
-            except httpx.TimeoutException as err:
-                raise MasterUnreachableError(f"the master at {self.master} did not answer in time ({err})") \
-                    from None  # fmt: skip
+            response = self._send(method, path, json=json, params=params, content=content, headers=hdrs)
             if auth and response.status_code == 401 and attempt == 0:
                 drop_token(self.master, self.username, keep_active=True)  # stale: log in again
                 self._token = None
@@ -250,6 +245,27 @@ class Session:
             _raise_for(response)
             return response.json() if response.content else {}
         raise AssertionError("unreachable")
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any,
+        params: dict[str, Any] | None,
+        content: bytes | Callable[[], Iterator[bytes]] | None,
+        headers: dict[str, str],
+    ) -> httpx.Response:
+        """One HTTP request (a callable `content` is called for a fresh body); transport failures become
+        :class:`MasterUnreachableError`."""
+        try:
+            body = content() if callable(content) else content
+            return self._http.request(method, path, json=json, params=params, content=body, headers=headers)
+        except httpx.ConnectError as err:
+            raise self._unreachable(err) from None
+        except httpx.TimeoutException as err:
+            raise MasterUnreachableError(f"the master at {self.master} did not answer in time ({err})") \
+                from None  # fmt: skip
 
     @contextlib.contextmanager
     def stream_lines(self, path: str, params: dict[str, Any] | None = None) -> Iterator[Iterator[str]]:

@@ -80,46 +80,51 @@ def plan_context(root: Path) -> ContextPlan:
     plan = ContextPlan(root)
     for parent, dirs, files in os.walk(root, followlinks=False):
         base = Path(parent)
-        kept = []
-        for name in sorted(dirs):
-            path = base / name
-            rel = path.relative_to(root).as_posix()
-            if spec.match_file(rel + "/"):
-                continue
-            if path.is_symlink():
-                plan.skipped.append(f"{rel} (link to a directory)")
-                continue
-            st = path.stat()
-            plan.entries.append(ContextEntry(rel, path, True, 0, stat.S_IMODE(st.st_mode), int(st.st_mtime)))
-            kept.append(name)
-        dirs[:] = kept
+        dirs[:] = [name for name in sorted(dirs) if _plan_dir(plan, spec, base / name)]
         for name in sorted(files):
-            path = base / name
-            rel = path.relative_to(root).as_posix()
-            if rel == DETIGNORE or spec.match_file(rel):
-                continue
-            source = path
-            if path.is_symlink():
-                target = path.resolve()
-                if not _inside(target, root):
-                    plan.skipped.append(f"{rel} (link out of the context to {target})")
-                    continue
-                source = target
-            try:
-                st = source.stat()
-            except OSError:
-                plan.skipped.append(f"{rel} (cannot be read)")
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                if not stat.S_ISDIR(st.st_mode):
-                    plan.skipped.append(f"{rel} (not a regular file)")
-                else:
-                    plan.skipped.append(f"{rel} (link to a directory)")
-                continue
-            plan.entries.append(
-                ContextEntry(rel, source, False, st.st_size, stat.S_IMODE(st.st_mode), int(st.st_mtime))
-            )
+            _plan_file(plan, spec, base / name)
     return plan
+
+
+def _plan_dir(plan: ContextPlan, spec: pathspec.GitIgnoreSpec, path: Path) -> bool:
+    """Add directory `path` to `plan`; whether the walk should descend into it."""
+    rel = path.relative_to(plan.root).as_posix()
+    if spec.match_file(rel + "/"):
+        return False
+    if path.is_symlink():
+        plan.skipped.append(f"{rel} (link to a directory)")
+        return False
+    st = path.stat()
+    plan.entries.append(ContextEntry(rel, path, True, 0, stat.S_IMODE(st.st_mode), int(st.st_mtime)))
+    return True
+
+
+def _plan_file(plan: ContextPlan, spec: pathspec.GitIgnoreSpec, path: Path) -> None:
+    """Add file `path` to `plan` (a link inside the context as its target), or note why it is skipped."""
+    rel = path.relative_to(plan.root).as_posix()
+    if rel == DETIGNORE or spec.match_file(rel):
+        return
+    source = path
+    if path.is_symlink():
+        target = path.resolve()
+        if not _inside(target, plan.root):
+            plan.skipped.append(f"{rel} (link out of the context to {target})")
+            return
+        source = target
+    try:
+        st = source.stat()
+    except OSError:
+        plan.skipped.append(f"{rel} (cannot be read)")
+        return
+    if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISDIR(st.st_mode):
+            plan.skipped.append(f"{rel} (not a regular file)")
+        else:
+            plan.skipped.append(f"{rel} (link to a directory)")
+        return
+    plan.entries.append(
+        ContextEntry(rel, source, False, st.st_size, stat.S_IMODE(st.st_mode), int(st.st_mtime))
+    )
 
 
 def check_size(plan: ContextPlan, limit_bytes: int = MAX_CONTEXT_BYTES) -> None:

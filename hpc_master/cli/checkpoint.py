@@ -134,19 +134,7 @@ def download(session: Session, uuid: str, output_dir: Path | None, *, quiet: boo
     c = _get(session, uuid)
     if state(c.get("state")) in ("DELETED", "PARTIALLY_DELETED"):
         raise ClientError(f"checkpoint {uuid} is {state(c.get('state'))}; its files are gone")
-    training = c.get("training") or {}
-    config: dict[str, Any] = training.get("experimentConfig") or {}
-    if not config and training.get("experimentId") is not None:  # a master that does not send it
-        experiment = session.call("GET", f"/api/v1/experiments/{training['experimentId']}")["experiment"]
-        config = experiment.get("config") or {}
-    candidates = candidate_dirs(uuid, config)
-    source = next((p for p in candidates if p.is_dir()), None)
-    if source is None:
-        tried = ", ".join(str(p) for p in candidates)
-        raise ClientError(
-            f"checkpoint {uuid} is not readable on this machine (looked in {tried}); the master cannot "
-            "stream checkpoint files yet: run this where the checkpoint storage is mounted"
-        )
+    source = _readable_source(uuid, _experiment_config(session, c))
     target: Path = output_dir or Path("checkpoints") / uuid
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ClientError(f"{target} already exists and is not an empty directory")
@@ -156,6 +144,29 @@ def download(session: Session, uuid: str, output_dir: Path | None, *, quiet: boo
     else:
         print(f"Downloaded checkpoint {uuid} to {target}")
     return target
+
+
+def _experiment_config(session: Session, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The config of the checkpoint's experiment: sent with the checkpoint, else asked of the master."""
+    training = checkpoint.get("training") or {}
+    config: dict[str, Any] = training.get("experimentConfig") or {}
+    if not config and training.get("experimentId") is not None:  # a master that does not send it
+        experiment = session.call("GET", f"/api/v1/experiments/{training['experimentId']}")["experiment"]
+        config = experiment.get("config") or {}
+    return config
+
+
+def _readable_source(uuid: str, experiment_config: dict[str, Any]) -> Path:
+    """The first of :func:`candidate_dirs` that is a directory here."""
+    candidates = candidate_dirs(uuid, experiment_config)
+    source = next((p for p in candidates if p.is_dir()), None)
+    if source is None:
+        tried = ", ".join(str(p) for p in candidates)
+        raise ClientError(
+            f"checkpoint {uuid} is not readable on this machine (looked in {tried}); the master cannot "
+            "stream checkpoint files yet: run this where the checkpoint storage is mounted"
+        )
+    return source
 
 
 def copy_checkpoint(source: Path, target: Path, resources: dict[str, Any], metadata: dict[str, Any]) -> None:
@@ -198,16 +209,20 @@ def check_copy(root: Path, resources: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _confirm_delete(count: int) -> bool:
+    """Ask on a terminal whether to delete `count` checkpoints; refuse outright without one."""
+    if not sys.stdin.isatty():
+        raise ClientError("refusing to delete checkpoints without confirmation: pass --yes")
+    answer = input(f"Delete {count} checkpoints and their files for good? [y/N] ")
+    return answer.strip().lower() in ("y", "yes")
+
+
 def _delete(args: argparse.Namespace) -> int:
     uuids = [u for arg in args.uuids for u in arg.split(",") if u.strip()]
     uuids = list(dict.fromkeys(u.strip() for u in uuids))
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise ClientError("refusing to delete checkpoints without confirmation: pass --yes")
-        answer = input(f"Delete {len(uuids)} checkpoints and their files for good? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("Not deleted.")
-            return 1
+    if not args.yes and not _confirm_delete(len(uuids)):
+        print("Not deleted.")
+        return 1
     body = session_from_args(args).call("DELETE", "/api/v1/checkpoints", json={"checkpointUuids": uuids})
     failed = body.get("failed") or []
     for item in failed:

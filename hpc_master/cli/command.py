@@ -114,29 +114,39 @@ def task_config(
 ) -> dict[str, Any]:
     """The config to send, built as Determined's client builds it (file, then overrides, volumes, command)."""
     from hpc_master.cli.experiment import apply_override
-    from hpc_master.expconf import load_yaml
 
-    config: dict[str, Any] = {}
-    if config_file is not None:
-        try:
-            loaded = load_yaml(config_file.read_text())
-        except OSError as err:
-            raise ClientError(f"cannot read the config {str(config_file)!r}: {err.strerror}") from None
-        except ConfigError as err:
-            raise ConfigError(f"{config_file}: {err}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{config_file}: the config must be a mapping of fields")
-        config = dict(loaded or {})
+    config: dict[str, Any] = {} if config_file is None else _load_config_file(config_file)
     for override in overrides:
         apply_override(config, override)
     for volume in volumes:
-        host, sep, container = volume.partition(":")
-        if not sep or not host or not container:
-            raise ConfigError(f"--volume {volume!r}: expected HOST_PATH:CONTAINER_PATH")
-        config.setdefault("bind_mounts", []).append({"host_path": host, "container_path": container})
+        mount = _bind_mount(volume)
+        config.setdefault("bind_mounts", []).append(mount)
     if not config.get("entrypoint") and entrypoint:
         config["entrypoint"] = entrypoint
     return config
+
+
+def _load_config_file(config_file: Path) -> dict[str, Any]:
+    """The task config file `config_file`, a mapping (empty for an empty file)."""
+    from hpc_master.expconf import load_yaml
+
+    try:
+        loaded = load_yaml(config_file.read_text())
+    except OSError as err:
+        raise ClientError(f"cannot read the config {str(config_file)!r}: {err.strerror}") from None
+    except ConfigError as err:
+        raise ConfigError(f"{config_file}: {err}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{config_file}: the config must be a mapping of fields")
+    return dict(loaded or {})
+
+
+def _bind_mount(volume: str) -> dict[str, str]:
+    """``--volume HOST:CONTAINER`` as a ``bind_mounts`` entry."""
+    host, sep, container = volume.partition(":")
+    if not sep or not host or not container:
+        raise ConfigError(f"--volume {volume!r}: expected HOST_PATH:CONTAINER_PATH")
+    return {"host_path": host, "container_path": container}
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -162,22 +172,28 @@ def _run(args: argparse.Namespace) -> int:
 
 def exit_code_of(session: Session, task_id: str) -> int:
     """The command's exit code, once the master has recorded its end (the log stream ends just after)."""
-    import time
-
-    deadline = time.monotonic() + 60
-    while True:
-        command = session.call("GET", f"/api/v1/commands/{task_id}")["command"]
-        if command["state"] == "STATE_TERMINATED" or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    if command["state"] != "STATE_TERMINATED":
-        raise ServerError(f"command {task_id} has not ended yet: `det cmd describe {task_id}`")
+    command = _wait_terminated(session, task_id)
     code = command.get("exitCode")
     if command.get("exitCode") != 0 or "killed" in str(command.get("exitStatus") or ""):
         print(f"Command {task_id} ended: {command.get('exitStatus')}", file=sys.stderr)
     if isinstance(code, int):
         return code if 0 <= code <= 255 else LOST_EXIT
     return KILLED_EXIT if "killed" in str(command.get("exitStatus") or "") else LOST_EXIT
+
+
+def _wait_terminated(session: Session, task_id: str) -> dict[str, Any]:
+    """The command once terminated, polled for up to a minute; a :class:`ServerError` if it has not ended."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while True:
+        command: dict[str, Any] = session.call("GET", f"/api/v1/commands/{task_id}")["command"]
+        if command["state"] == "STATE_TERMINATED" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    if command["state"] != "STATE_TERMINATED":
+        raise ServerError(f"command {task_id} has not ended yet: `det cmd describe {task_id}`")
+    return command
 
 
 def print_task_logs(session: Session, task_id: str, *, follow: bool) -> int:

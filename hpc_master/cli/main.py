@@ -57,13 +57,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _setup_logging() -> None:
     logging.basicConfig(
         level=logging.DEBUG if os.environ.get("DET_DEBUG") else logging.INFO, format="%(message)s"
     )
     if not os.environ.get("DET_DEBUG"):  # httpx logs every request at INFO: not for people at a terminal
         for name in ("httpx", "httpcore"):
             logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _report_error(e: DetError | deploy.LocalClusterError) -> int:
+    """Print a failed command's error (with its traceback under ``DET_DEBUG``); its exit status."""
+    if os.environ.get("DET_DEBUG"):
+        traceback.print_exc()
+    print(f"Error: {e}", file=sys.stderr)
+    if isinstance(e, ConfigError):
+        return 2
+    return 1 if isinstance(e, ClientError) or not isinstance(e, DetError) else 3
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    _setup_logging()
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
@@ -78,12 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except (DetError, deploy.LocalClusterError) as e:
-        if os.environ.get("DET_DEBUG"):
-            traceback.print_exc()
-        print(f"Error: {e}", file=sys.stderr)
-        if isinstance(e, ConfigError):
-            return 2
-        return 1 if isinstance(e, ClientError) or not isinstance(e, DetError) else 3
+        return _report_error(e)
 
 
 if __name__ == "__main__":

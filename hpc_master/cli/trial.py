@@ -82,15 +82,19 @@ def waiting_text(run: dict[str, Any], now: dt.datetime | None = None) -> str | N
     since = run.get("pendingSince")
     text = "in Slurm" if where == "slurm" else "in the master (not submitted yet)"
     if since:
-        try:
-            start = dt.datetime.fromisoformat(str(since).replace("Z", "+00:00"))
-        except ValueError:
-            text += f" since {since}"
-        else:
-            seconds = int(((now or dt.datetime.now(dt.UTC)) - start).total_seconds())
-            text += f" since {start:%Y-%m-%d %H:%M:%S}Z ({_duration(max(seconds, 0))})"
+        text += _since_text(since, now)
     text += f": {reason}"
     return f"{text} ({words})" if words else text
+
+
+def _since_text(since: Any, now: dt.datetime | None) -> str:
+    """`` since 2026-11-24 07:00:00Z (3m12s)``; `since` as it came when it is not an ISO time."""
+    try:
+        start = dt.datetime.fromisoformat(str(since).replace("Z", "+00:00"))
+    except ValueError:
+        return f" since {since}"
+    seconds = int(((now or dt.datetime.now(dt.UTC)) - start).total_seconds())
+    return f" since {start:%Y-%m-%d %H:%M:%S}Z ({_duration(max(seconds, 0))})"
 
 
 def _duration(seconds: int) -> str:

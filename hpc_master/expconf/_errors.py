@@ -101,24 +101,29 @@ def _strip_tags(loc: Sequence[str | int], data: Any) -> list[str | int]:
     out: list[str | int] = []
     cur = data
     for seg in loc:
-        if isinstance(cur, Mapping):
-            if seg in cur:
-                out.append(seg)
-                cur = cur[seg]
-                continue
-            if isinstance(seg, str) and seg in UNION_TAGS:
-                continue
+        keep, cur = _follow(cur, seg)
+        if keep:
             out.append(seg)
-            cur = None
-        elif isinstance(cur, list | tuple) and isinstance(seg, int) and 0 <= seg < len(cur):
-            out.append(seg)
-            cur = cur[seg]
-        else:
-            if isinstance(seg, str) and seg in UNION_TAGS and cur is not None:
-                continue
-            out.append(seg)
-            cur = None
     return out
+
+
+def _follow(cur: Any, seg: str | int) -> tuple[bool, Any]:
+    """Whether `seg` stays in the path (not a union tag), and what it leads to in `cur` (None: off the data)."""
+    if isinstance(cur, Mapping):
+        if seg in cur:
+            return True, cur[seg]
+        if _is_union_tag(seg):
+            return False, cur
+        return True, None
+    if isinstance(cur, list | tuple) and isinstance(seg, int) and 0 <= seg < len(cur):
+        return True, cur[seg]
+    if _is_union_tag(seg) and cur is not None:
+        return False, cur
+    return True, None
+
+
+def _is_union_tag(seg: str | int) -> bool:
+    return isinstance(seg, str) and seg in UNION_TAGS
 
 
 _TYPE_WORDS = {
@@ -152,12 +157,20 @@ def _num(value: Any) -> str:
     return repr(value)
 
 
+# Error kinds whose message does not depend on the error.
+_FIXED_MESSAGES = {
+    "missing": "missing required field",
+    "too_short": "must not be empty",
+    "extra_forbidden": "unknown field",
+}
+
+
 def _message(err: Mapping[str, Any]) -> str:
     kind = err["type"]
     ctx = err.get("ctx") or {}
     value = err.get("input")
-    if kind == "missing":
-        return "missing required field"
+    if kind in _FIXED_MESSAGES:
+        return _FIXED_MESSAGES[kind]
     if kind in _TYPE_WORDS:
         return f"expected {_TYPE_WORDS[kind]}, got {describe(value)}"
     if kind == "literal_error":
@@ -165,14 +178,10 @@ def _message(err: Mapping[str, Any]) -> str:
     for bound_kind, key, op in _BOUNDS:
         if kind == bound_kind:
             return f"must be {op} {_num(ctx.get(key))}, got {value!r}"
-    if kind == "too_short":
-        return "must not be empty"
     if kind == "value_error":
         return str(ctx.get("error", err.get("msg", "")))
     if kind == UNKNOWN_FIELD:
         return str(ctx["message"])
-    if kind == "extra_forbidden":
-        return "unknown field"
     return str(err.get("msg", kind))
 
 

@@ -71,35 +71,13 @@ class _StrictLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()  # type: ignore[no-untyped-call]
-            node: Any = super().compose_node(parent, index)  # the anchored node (or "undefined alias")
-            size = self._expanded_size.get(id(node))
-            if size is None:
-                raise YAMLConfigError.at(
-                    f"the alias *{event.anchor} refers to a node that contains it (recursive alias)",
-                    event.start_mark,
-                )
-            self._alias_nodes += size
-            if self._alias_nodes > MAX_ALIAS_NODES:
-                raise YAMLConfigError.at(
-                    f"the alias *{event.anchor} expands the document past the limit of "
-                    f"{MAX_ALIAS_NODES:,} nodes repeated by aliases (an alias bomb?); write the values out "
-                    "or use fewer, smaller aliases",
-                    event.start_mark,
-                )
-            if self._depth + self._height[id(node)] > MAX_DEPTH:
-                raise YAMLConfigError.at(
-                    f"the alias *{event.anchor} nests the document deeper than {MAX_DEPTH} levels",
-                    event.start_mark,
-                )
-            self._composed_nodes += size
-            return node
+            return self._compose_alias(parent, index)
         if self._depth >= MAX_DEPTH:
             mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
             raise YAMLConfigError.at(f"nested deeper than {MAX_DEPTH} levels", mark)
         before = self._composed_nodes
         self._depth += 1
-        node = super().compose_node(parent, index)
+        node: Any = super().compose_node(parent, index)
         self._depth -= 1
         self._composed_nodes += 1
         if self._composed_nodes > MAX_NODES:
@@ -108,6 +86,32 @@ class _StrictLoader(yaml.SafeLoader):
         self._height[id(node)] = 1 + max((self._height[id(c)] for c in _children(node)), default=0)
         if isinstance(node, yaml.MappingNode):  # its own keys, before merges add others' (flatten_mapping)
             self._written_keys[id(node)] = {id(k) for k, _ in node.value if k.tag != _MERGE_TAG}
+        return node
+
+    def _compose_alias(self, parent: Any, index: Any) -> Any:
+        """The anchored node an alias refers to, counted as expanded (size, alias total and depth bounded)."""
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        node: Any = super().compose_node(parent, index)  # the anchored node (or "undefined alias")
+        size = self._expanded_size.get(id(node))
+        if size is None:
+            raise YAMLConfigError.at(
+                f"the alias *{event.anchor} refers to a node that contains it (recursive alias)",
+                event.start_mark,
+            )
+        self._alias_nodes += size
+        if self._alias_nodes > MAX_ALIAS_NODES:
+            raise YAMLConfigError.at(
+                f"the alias *{event.anchor} expands the document past the limit of "
+                f"{MAX_ALIAS_NODES:,} nodes repeated by aliases (an alias bomb?); write the values out "
+                "or use fewer, smaller aliases",
+                event.start_mark,
+            )
+        if self._depth + self._height[id(node)] > MAX_DEPTH:
+            raise YAMLConfigError.at(
+                f"the alias *{event.anchor} nests the document deeper than {MAX_DEPTH} levels",
+                event.start_mark,
+            )
+        self._composed_nodes += size
         return node
 
 

@@ -42,24 +42,38 @@ def merge_defaults(user: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict
     """Merge two config dicts (as dumped with `exclude_unset`); `user` wins."""
     defaults = {k: v for k, v in defaults.items() if k not in _NEVER_FROM_DEFAULTS}
     out: dict[str, Any] = _merge(defaults, user)
+    _merge_storage(out, user, defaults)
+    _merge_bind_mounts(out, user, defaults)
+    _merge_environment_variables(out, user, defaults)
+    return out
 
+
+def _merge_storage(out: dict[str, Any], user: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
+    """``checkpoint_storage``: merged key by key only when the types agree (or the user's has none)."""
     d_store, u_store = defaults.get("checkpoint_storage"), user.get("checkpoint_storage")
     if isinstance(u_store, Mapping) and isinstance(d_store, Mapping):
         same = u_store.get("type") in (None, d_store.get("type"))
         out["checkpoint_storage"] = _merge(d_store, u_store) if same else dict(u_store)
 
+
+def _merge_bind_mounts(out: dict[str, Any], user: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
+    """``bind_mounts``: the defaults' mounts first, less those whose container_path the user mounts."""
     if "bind_mounts" in user and "bind_mounts" in defaults:
         taken = {m["container_path"] for m in user["bind_mounts"]}
         extra = [m for m in defaults["bind_mounts"] if m["container_path"] not in taken]
         out["bind_mounts"] = [*extra, *user["bind_mounts"]]
 
+
+def _merge_environment_variables(
+    out: dict[str, Any], user: Mapping[str, Any], defaults: Mapping[str, Any]
+) -> None:
+    """``environment.environment_variables``: per device, the defaults' first so the user's win."""
     d_env = defaults.get("environment", {}).get("environment_variables")
     u_env = user.get("environment", {}).get("environment_variables")
     if isinstance(d_env, Mapping) and isinstance(u_env, Mapping):
         out["environment"]["environment_variables"] = {
             dev: [*d_env.get(dev, []), *u_env.get(dev, [])] for dev in {*d_env, *u_env}
         }
-    return out
 
 
 def _require(cond: bool, field: str, message: str) -> None:
@@ -87,7 +101,16 @@ def complete_experiment_config(
     )
     out = parse_experiment_config(merged)
     out._warnings = [*defaults_cfg.warnings, *cfg.warnings]
+    _check_complete(out)
+    _check_epoch_lengths(out)
+    if out.reproducibility.experiment_seed is None:
+        seed = experiment_seed if experiment_seed is not None else int(time.time()) % (2**31)
+        out.reproducibility.experiment_seed = seed
+    return out
 
+
+def _check_complete(out: ExperimentConfig) -> None:
+    """The fields every experiment needs in the end, defaults merged."""
     _require(
         out.entrypoint is not None, "entrypoint", "missing required field (the command or model_def:Trial)"
     )
@@ -115,6 +138,10 @@ def complete_experiment_config(
             "hyperparameters.global_batch_size",
             f"missing required field (trial classes such as {out.entrypoint} need it)",
         )
+
+
+def _check_epoch_lengths(out: ExperimentConfig) -> None:
+    """A length in epochs needs ``records_per_epoch``."""
     if not out.records_per_epoch:
         for field, length in (
             ("searcher.max_length", getattr(out.searcher, "max_length", None)),
@@ -127,8 +154,3 @@ def complete_experiment_config(
                     "(the number of records in one epoch); set it or give the length in batches",
                     "records_per_epoch",
                 )
-
-    if out.reproducibility.experiment_seed is None:
-        seed = experiment_seed if experiment_seed is not None else int(time.time()) % (2**31)
-        out.reproducibility.experiment_seed = seed
-    return out

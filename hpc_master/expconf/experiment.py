@@ -149,19 +149,7 @@ class ExperimentConfig(StrictModel):
     @classmethod
     def _entrypoint(cls, v: Any) -> Any:
         if isinstance(v, str):
-            if not v.strip():
-                raise ValueError("must not be empty")
-            # Split here, as the job will (`entrypoint_argv`): a quote left open must be refused at create,
-            # not found by every submission of every trial.
-            shown = repr(v if len(v) <= 80 else v[:77] + "...")
-            try:
-                argv = shlex.split(v)
-            except ValueError as exc:
-                raise ValueError(
-                    f"cannot be split into arguments like a shell would ({str(exc).lower()}): {shown}"
-                ) from None
-            if not argv or not argv[0]:
-                raise ValueError(f"names no command to run: {shown}")
+            _check_command_line(v)
             return v
         if not isinstance(v, list):
             raise ValueError(f"expected a string or a list of strings, got {describe(v)}")
@@ -290,19 +278,40 @@ def _check_slots(resources: ResourcesConfig, slurm: SlurmConfig) -> None:
         raise custom_error(message, ["resources", "slots_per_trial"]) from None
 
 
+def _check_command_line(v: str) -> None:
+    """A string entrypoint: not blank, and split into a command the way the job will split it."""
+    if not v.strip():
+        raise ValueError("must not be empty")
+    # Split here, as the job will (`entrypoint_argv`): a quote left open must be refused at create,
+    # not found by every submission of every trial.
+    shown = repr(v if len(v) <= 80 else v[:77] + "...")
+    try:
+        argv = shlex.split(v)
+    except ValueError as exc:
+        raise ValueError(
+            f"cannot be split into arguments like a shell would ({str(exc).lower()}): {shown}"
+        ) from None
+    if not argv or not argv[0]:
+        raise ValueError(f"names no command to run: {shown}")
+
+
+def _is_positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
 def _check_global_batch_size(hp: Any) -> None:
     if hp is None:
         return
     where = ["hyperparameters", "global_batch_size"]
     if isinstance(hp, ConstHP):
-        if not isinstance(hp.val, int) or isinstance(hp.val, bool) or hp.val < 1:
+        if not _is_positive_int(hp.val):
             raise custom_error(f"must be a positive integer, got {hp.val!r}", where)
     elif isinstance(hp, IntHP):
         if hp.minval < 1:
             raise custom_error(f"must be >= 1 (global_batch_size), got {hp.minval}", [*where, "minval"])
     elif isinstance(hp, CategoricalHP):
         for i, v in enumerate(hp.vals):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            if not _is_positive_int(v):
                 raise custom_error(f"must be a positive integer, got {v!r}", [*where, "vals", i])
     else:
         raise custom_error("must be a positive integer (const, int or categorical)", where)

@@ -108,33 +108,8 @@ class _HalvingBase(_SearcherBase):
 
     @model_validator(mode="after")
     def _check_form(self) -> Any:
-        has_new = self.time_metric is not None or self.max_time is not None
-        if self.max_length is not None and has_new:
-            raise custom_error(
-                "give either max_length (Determined <= 0.37) or time_metric + max_time (0.38), not both",
-                ["max_length"],
-            )
-        if has_new:
-            if self.time_metric is None:
-                raise custom_error("missing required field (max_time needs time_metric)", ["time_metric"])
-            if self.max_time is None:
-                raise custom_error("missing required field (time_metric needs max_time)", ["max_time"])
-        elif self.max_length is None:
-            raise custom_error(
-                "missing training length: set time_metric + max_time (Determined 0.38) "
-                "or max_length: {batches|records|epochs: N} (<= 0.37)",
-                ["max_time"],
-            )
-        from_stop_once: Promotion | None = None
-        if self.stop_once is not None:
-            from_stop_once = "continue" if self.stop_once else "pause"
-        if self.promotion is not None and from_stop_once is not None and self.promotion != from_stop_once:
-            raise custom_error(
-                f"promotion: {self.promotion} contradicts stop_once: {str(self.stop_once).lower()} "
-                "(stop_once: true means promotion: continue); give only one of them",
-                ["promotion"],
-            )
-        resolved: Promotion = self.promotion or from_stop_once or ("continue" if has_new else "pause")
+        has_new = _check_length_form(self.max_length, self.time_metric, self.max_time)
+        resolved = _resolve_promotion(self.promotion, self.stop_once, has_new=has_new)
         object.__setattr__(self, "promotion", resolved)
         object.__setattr__(self, "stop_once", resolved == "continue")
         return self
@@ -145,6 +120,42 @@ class _HalvingBase(_SearcherBase):
             return self.max_length.unit, self.max_length.value
         assert self.time_metric is not None and self.max_time is not None
         return self.time_metric, self.max_time
+
+
+def _check_length_form(max_length: Length | None, time_metric: str | None, max_time: int | None) -> bool:
+    """Exactly one training-length form, complete; whether it is the 0.38 one (time_metric + max_time)."""
+    has_new = time_metric is not None or max_time is not None
+    if max_length is not None and has_new:
+        raise custom_error(
+            "give either max_length (Determined <= 0.37) or time_metric + max_time (0.38), not both",
+            ["max_length"],
+        )
+    if has_new:
+        if time_metric is None:
+            raise custom_error("missing required field (max_time needs time_metric)", ["time_metric"])
+        if max_time is None:
+            raise custom_error("missing required field (time_metric needs max_time)", ["max_time"])
+    elif max_length is None:
+        raise custom_error(
+            "missing training length: set time_metric + max_time (Determined 0.38) "
+            "or max_length: {batches|records|epochs: N} (<= 0.37)",
+            ["max_time"],
+        )
+    return has_new
+
+
+def _resolve_promotion(promotion: Promotion | None, stop_once: bool | None, *, has_new: bool) -> Promotion:
+    """``promotion`` from itself or ``stop_once`` (which must agree), else the default of the length form."""
+    from_stop_once: Promotion | None = None
+    if stop_once is not None:
+        from_stop_once = "continue" if stop_once else "pause"
+    if promotion is not None and from_stop_once is not None and promotion != from_stop_once:
+        raise custom_error(
+            f"promotion: {promotion} contradicts stop_once: {str(stop_once).lower()} "
+            "(stop_once: true means promotion: continue); give only one of them",
+            ["promotion"],
+        )
+    return promotion or from_stop_once or ("continue" if has_new else "pause")
 
 
 class AdaptiveASHASearcher(_HalvingBase):

@@ -124,10 +124,7 @@ def parse_task_config(raw: Mapping[str, Any] | None, task_type: TaskType) -> Tas
         raise config_error(
             f"a {task_type.lower()} config must be a mapping of fields, got {type(raw).__name__}"
         )
-    data = {k: v for k, v in raw.items() if k not in IGNORED}
-    resources = data.get("resources")
-    if task_type is TaskType.TENSORBOARD and (resources is None or isinstance(resources, Mapping)):
-        data["resources"] = {"slots": 0, **(resources or {})}  # a TensorBoard needs no GPU unless asked
+    data = _task_data(raw, task_type)
     try:
         config = TaskConfig.model_validate(data)
     except ValidationError as exc:
@@ -135,3 +132,12 @@ def parse_task_config(raw: Mapping[str, Any] | None, task_type: TaskType) -> Tas
     if task_type is TaskType.COMMAND and not config.argv():
         raise config_error("a command needs something to run: `det cmd run CMD [ARG...]`", "entrypoint")
     return config
+
+
+def _task_data(raw: Mapping[str, Any], task_type: TaskType) -> dict[str, Any]:
+    """`raw` without the IGNORED fields, with a TensorBoard's default of no GPU."""
+    data = {k: v for k, v in raw.items() if k not in IGNORED}
+    resources = data.get("resources")
+    if task_type is TaskType.TENSORBOARD and (resources is None or isinstance(resources, Mapping)):
+        data["resources"] = {"slots": 0, **(resources or {})}  # a TensorBoard needs no GPU unless asked
+    return data

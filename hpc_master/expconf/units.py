@@ -78,28 +78,41 @@ def convert_length(
         return value
     gbs = global_batch_size or None
     rpe = records_per_epoch or None
-    gbs_name = "hyperparameters.global_batch_size"
-    rpe_name = "records_per_epoch (top-level)"
-    # Step 1: into records.
+    records = _into_records(value, from_unit, to_unit, gbs, rpe, field)
+    return _out_of_records(records, from_unit, to_unit, gbs, rpe, field)
+
+
+_GBS_NAME = "hyperparameters.global_batch_size"
+_RPE_NAME = "records_per_epoch (top-level)"
+
+
+def _into_records(
+    value: int, from_unit: Unit, to_unit: Unit, gbs: int | None, rpe: int | None, field: str | None
+) -> int:
+    """Step 1 of `convert_length`: `value` `from_unit` in records."""
     if from_unit == "records":
-        records = value
-    elif from_unit == "batches":
+        return value
+    if from_unit == "batches":
         if gbs is None:
-            raise _need(gbs_name, "batches", to_unit, field)
-        records = value * gbs
-    else:
-        if rpe is None:
-            raise _need(rpe_name, "epochs", to_unit, field)
-        records = value * rpe
-    # Step 2: out of records.
+            raise _need(_GBS_NAME, "batches", to_unit, field)
+        return value * gbs
+    if rpe is None:
+        raise _need(_RPE_NAME, "epochs", to_unit, field)
+    return value * rpe
+
+
+def _out_of_records(
+    records: int, from_unit: Unit, to_unit: Unit, gbs: int | None, rpe: int | None, field: str | None
+) -> int:
+    """Step 2 of `convert_length`: `records` in `to_unit`, rounded up."""
     if to_unit == "records":
         return records
     if to_unit == "batches":
         if gbs is None:
-            raise _need(gbs_name, from_unit, to_unit, field)
+            raise _need(_GBS_NAME, from_unit, to_unit, field)
         return math.ceil(records / gbs)
     if rpe is None:
-        raise _need(rpe_name, from_unit, to_unit, field)
+        raise _need(_RPE_NAME, from_unit, to_unit, field)
     return math.ceil(records / rpe)
 
 

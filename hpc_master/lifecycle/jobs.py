@@ -204,19 +204,8 @@ class JobDriver:
 
     def _submit_waiting(self, run: Waiting, known: ByComment | None) -> int:
         prepared = self._prepared.get(run.run_id)
-        if self._needs_check(run):
-            user = self._account(run.owner_unix)
-            if known is None or user not in known:
-                self._set_pending_reason(run.run_id, SLURM_UNAVAILABLE, run.pending_reason)
-                return 0
-            comment = job_comment(self.cluster_id, run.experiment_id, run.trial_id, run.run_number)
-            found = known[user].get(comment)
-            if found:
-                log.info("adopted Slurm job %s for trial %s run %s", found[0], run.trial_id, run.run_number)
-                self._record_job(run.run_id, found[0], prepared.output_path if prepared else None)
-                return 0
-            if prepared is not None:
-                prepared.check_comment = False
+        if self._needs_check(run) and self._settled_by_comment(run, known, prepared):
+            return 0
         if not run.submittable:
             self._finish_unsubmitted(run)
             return 0
@@ -227,6 +216,23 @@ class JobDriver:
                 if prepared is None:
                     return 0
             return self._try_sbatch(prepared, run.pending_reason)
+
+    def _settled_by_comment(self, run: Waiting, known: ByComment | None, prepared: Prepared | None) -> bool:
+        """Whether looking for the run's job by its comment settles it for this tick: it waits (no answer for
+        its account) or its job was found and adopted. Otherwise it need not be looked for again."""
+        user = self._account(run.owner_unix)
+        if known is None or user not in known:
+            self._set_pending_reason(run.run_id, SLURM_UNAVAILABLE, run.pending_reason)
+            return True
+        comment = job_comment(self.cluster_id, run.experiment_id, run.trial_id, run.run_number)
+        found = known[user].get(comment)
+        if found:
+            log.info("adopted Slurm job %s for trial %s run %s", found[0], run.trial_id, run.run_number)
+            self._record_job(run.run_id, found[0], prepared.output_path if prepared else None)
+            return True
+        if prepared is not None:
+            prepared.check_comment = False
+        return False
 
     def _allocate(self, trial_id: int) -> _Submission | None:
         try:
@@ -481,17 +487,21 @@ class JobDriver:
         for run in live:
             if run.slurm_job_id is None:
                 continue
-            kill = run.trial_state == TrialState.STOPPING_KILLED
-            # Asked to stop before it started: cancel it, but only if Slurm itself still says it is pending
-            # (our record lags behind Slurm between polls; a running job checkpoints and exits by itself).
-            status = self.slurm.status(run.slurm_job_id)
-            never_started = run.preempt_requested and status is not None and status.outcome is Outcome.PENDING
-            if never_started and not kill and not self.slurm.still_pending(run.slurm_job_id):
-                continue  # it started since the last poll: it checkpoints and exits by itself
-            if (kill or never_started) and not self.slurm.cancel(
+            if self._to_cancel(run, run.slurm_job_id) and not self.slurm.cancel(
                 run.slurm_job_id, self._account(run.owner_unix)
             ):
                 return
+
+    def _to_cancel(self, run: svc.LiveRun, job_id: str) -> bool:
+        """Whether the run's job is to be cancelled: its trial was killed, or it never started (below)."""
+        kill = run.trial_state == TrialState.STOPPING_KILLED
+        # Asked to stop before it started: cancel it, but only if Slurm itself still says it is pending
+        # (our record lags behind Slurm between polls; a running job checkpoints and exits by itself).
+        status = self.slurm.status(job_id)
+        never_started = run.preempt_requested and status is not None and status.outcome is Outcome.PENDING
+        if never_started and not kill and not self.slurm.still_pending(job_id):
+            return False  # it started since the last poll: it checkpoints and exits by itself
+        return kill or never_started
 
     # ---- poll -----------------------------------------------------------------------------------------
     def poll(self) -> int:
@@ -506,27 +516,33 @@ class JobDriver:
         ended = 0
         for job_id, run in jobs.items():
             status = statuses.get(job_id)
-            if status is None:
-                continue
-            if status.outcome is Outcome.RUNNING and run.state == RunState.PENDING:
-                with self._tx() as s:
-                    svc.mark_run_running(s, run.run_id, status.node_list or None)
-                    write_pending_reason(s, run.run_id, None)
-            elif status.outcome is Outcome.PENDING and run.state == RunState.PENDING:
-                reason = status.reason  # None until the scheduler has looked at the job
-                if reasons.get(run.run_id) != reason:
-                    with self._tx() as s:
-                        write_pending_reason(s, run.run_id, reason)
-            elif status.outcome is Outcome.UNSCHEDULABLE:
-                if self.slurm.cancel(job_id, self._account(run.owner_unix)):
-                    self._finish(run, status)
-                    ended += 1
-            elif status.is_terminal:
-                self._finish(run, status)
+            if status is not None and self._apply_status(job_id, run, status, reasons):
                 ended += 1
         if ended:
             self.slurm.jobs_ended()
         return ended
+
+    def _apply_status(
+        self, job_id: str, run: svc.LiveRun, status: JobStatus, reasons: dict[int, str | None]
+    ) -> bool:
+        """Apply what Slurm says of one live run; whether the run ended."""
+        if status.outcome is Outcome.RUNNING and run.state == RunState.PENDING:
+            with self._tx() as s:
+                svc.mark_run_running(s, run.run_id, status.node_list or None)
+                write_pending_reason(s, run.run_id, None)
+        elif status.outcome is Outcome.PENDING and run.state == RunState.PENDING:
+            reason = status.reason  # None until the scheduler has looked at the job
+            if reasons.get(run.run_id) != reason:
+                with self._tx() as s:
+                    write_pending_reason(s, run.run_id, reason)
+        elif status.outcome is Outcome.UNSCHEDULABLE:
+            if self.slurm.cancel(job_id, self._account(run.owner_unix)):
+                self._finish(run, status)
+                return True
+        elif status.is_terminal:
+            self._finish(run, status)
+            return True
+        return False
 
     def _finish(self, run: svc.LiveRun, status: JobStatus) -> None:
         run_id, trial_id, run_number = run.run_id, run.trial_id, run.run_number

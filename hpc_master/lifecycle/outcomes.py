@@ -104,13 +104,7 @@ def classify(end: JobEnd, ctx: RunContext) -> TerminationReason:
     outcome = end.status.outcome
     asked = _asked_to_stop(ctx)
     if outcome is Outcome.SUCCEEDED:
-        if asked is not None:
-            return asked
-        if end.preempted:
-            if end.signal == ctx.preempt_signal:
-                return R.TIME_LIMIT_CHECKPOINTED
-            return R.SLURM_PREEMPTED
-        return R.SEARCHER_DONE
+        return _succeeded(end, ctx, asked)
     if outcome is Outcome.CANCELLED:
         # scancel by us (kill, a pause of a job that had not started yet) or by someone outside the platform.
         return asked if asked is not None else R.JOB_LOST
@@ -120,6 +114,23 @@ def classify(end: JobEnd, ctx: RunContext) -> TerminationReason:
         return R.TIME_LIMIT_CHECKPOINTED if end.preempted else R.TIME_LIMIT
     if outcome is Outcome.NODE_FAILED:
         return R.NODE_FAIL
+    return _failed(end, asked)
+
+
+def _succeeded(end: JobEnd, ctx: RunContext, asked: TerminationReason | None) -> TerminationReason:
+    """A job that exited 0: as the master asked, checkpointed on a signal, or done with its work."""
+    if asked is not None:
+        return asked
+    if end.preempted:
+        if end.signal == ctx.preempt_signal:
+            return R.TIME_LIMIT_CHECKPOINTED
+        return R.SLURM_PREEMPTED
+    return R.SEARCHER_DONE
+
+
+def _failed(end: JobEnd, asked: TerminationReason | None) -> TerminationReason:
+    """A job that neither succeeded, nor was cancelled, preempted, timed out or lost its node."""
+    outcome = end.status.outcome
     if end.out_of_memory:
         return R.OUT_OF_MEMORY
     if outcome is Outcome.UNSCHEDULABLE:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,21 +68,27 @@ class KnobCache:
                 )
             )
             for exp_id, version, config in rows:
-                try:  # one default for each knob, the model's
-                    r = parse_experiment_config(config or {}).resources
-                except ExperimentConfigError as err:  # the job driver fails such an experiment, saying why
-                    log.warning("experiment %s: its stored config does not parse (%s)", exp_id, err.message)
-                    r = ResourcesConfig()
-                self._by_id[exp_id] = (version, Knobs(
-                    priority=r.priority, max_slots=r.max_slots, slots_per_trial=r.slots_per_trial,
-                    pool=r.resource_pool,
-                ))  # fmt: skip
-            if len(self._by_id) > self.max_entries:
-                for old in [i for i in self._by_id if i not in versions][
-                    : len(self._by_id) - self.max_entries
-                ]:
-                    del self._by_id[old]
+                self._by_id[exp_id] = (version, _knobs(exp_id, config))
+            self._evict(versions)
         return {i: self._by_id[i][1] for i in versions if i in self._by_id}
+
+    def _evict(self, keep: Container[int]) -> None:
+        """Forget entries past `max_entries`, first cached first, never those of `keep` (the ones just asked for)."""
+        if len(self._by_id) > self.max_entries:
+            for old in [i for i in self._by_id if i not in keep][: len(self._by_id) - self.max_entries]:
+                del self._by_id[old]
+
+
+def _knobs(exp_id: int, config: dict[str, Any] | None) -> Knobs:
+    """An experiment's `Knobs` from its stored config."""
+    try:  # one default for each knob, the model's
+        r = parse_experiment_config(config or {}).resources
+    except ExperimentConfigError as err:  # the job driver fails such an experiment, saying why
+        log.warning("experiment %s: its stored config does not parse (%s)", exp_id, err.message)
+        r = ResourcesConfig()
+    return Knobs(
+        priority=r.priority, max_slots=r.max_slots, slots_per_trial=r.slots_per_trial, pool=r.resource_pool
+    )
 
 
 def within_max_slots(session: Session, knobs: KnobCache, trials: list[tuple[int, int]]) -> list[int]:
@@ -104,6 +110,11 @@ def within_max_slots(session: Session, knobs: KnobCache, trials: list[tuple[int,
         ).all()
     )
     room = {e: (k.max_slots or 0) - int(live.get(e, 0)) * k.slots_per_trial for e, k in capped.items()}
+    return _fitting(trials, capped, room)
+
+
+def _fitting(trials: list[tuple[int, int]], capped: dict[int, Knobs], room: dict[int, int]) -> list[int]:
+    """The trial ids of `trials` that fit in their capped experiments' `room` (slots left), which each takes up."""
     out = []
     for trial_id, exp_id in trials:
         if exp_id in room:
@@ -145,35 +156,55 @@ class Renicer:
             return 0
         self._last = now
         with session_factory() as s:
-            rows = s.execute(
-                select(TrialRunModel.slurm_job_id, TrialModel.experiment_id, UserModel.unix_username)
-                .join(TrialModel, TrialModel.id == TrialRunModel.trial_id)
-                .join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
-                .outerjoin(UserModel, UserModel.id == ExperimentModel.owner_id)
-                .where(TrialRunModel.state == RunState.PENDING, TrialRunModel.slurm_job_id.is_not(None))
-            ).all()
-            knobs = self.knobs.get(s, {e for _, e, _ in rows}) if rows else {}
-        live = {str(job) for job, _, _ in rows}
-        for job in [j for j in self.sent if j not in live]:
-            del self.sent[job]  # ended or started: forget it
+            rows, knobs = self._pending(s)
+        self._forget_all_but({str(job) for job, _, _ in rows})
         updated = 0
         for job, exp_id, unix in rows:
             job_id = str(job)
             want = self.wanted(knobs[exp_id]) if exp_id in knobs else None
-            if want is None or (job_id in self.sent and self.sent[job_id] == want):
+            if want is None or not self._due(job_id, want):
                 continue
-            status = self.poller.status(job_id)
-            if status is not None and status.outcome is not Outcome.PENDING:
-                continue
-            try:
-                with self.cli.retries_at_most(0):
-                    self.cli.set_nice(job_id, want, as_user=unix if self.as_owner else None)
-            except SlurmUnavailableError:
+            took = self._set_nice(job_id, want, unix)
+            if took is None:
                 return updated  # the next pass tries again
-            except SlurmError as e:  # it started or ended meanwhile
-                log.info("re-nicing Slurm job %s failed: %s", job_id, e)
-            else:
-                log.info("Slurm job %s re-niced to %s (its experiment's priority)", job_id, want)
+            if took:
                 updated += 1
             self.sent[job_id] = want
         return updated
+
+    def _forget_all_but(self, live: Container[str]) -> None:
+        for job in [j for j in self.sent if j not in live]:
+            del self.sent[job]  # ended or started: forget it
+
+    def _pending(self, s: Session) -> tuple[Sequence[Any], dict[int, Knobs]]:
+        """The runs pending in Slurm, as (job id, experiment id, owner's Unix account), and their experiments'
+        `Knobs`."""
+        rows = s.execute(
+            select(TrialRunModel.slurm_job_id, TrialModel.experiment_id, UserModel.unix_username)
+            .join(TrialModel, TrialModel.id == TrialRunModel.trial_id)
+            .join(ExperimentModel, ExperimentModel.id == TrialModel.experiment_id)
+            .outerjoin(UserModel, UserModel.id == ExperimentModel.owner_id)
+            .where(TrialRunModel.state == RunState.PENDING, TrialRunModel.slurm_job_id.is_not(None))
+        ).all()
+        knobs = self.knobs.get(s, {e for _, e, _ in rows}) if rows else {}
+        return rows, knobs
+
+    def _due(self, job_id: str, want: int) -> bool:
+        """Whether the job is to be re-niced to `want`: not sent it yet, and not known to have left pending."""
+        if job_id in self.sent and self.sent[job_id] == want:
+            return False
+        status = self.poller.status(job_id)
+        return status is None or status.outcome is Outcome.PENDING
+
+    def _set_nice(self, job_id: str, want: int, unix: str | None) -> bool | None:
+        """Re-nice one job: whether Slurm took it; None when the controller does not answer."""
+        try:
+            with self.cli.retries_at_most(0):
+                self.cli.set_nice(job_id, want, as_user=unix if self.as_owner else None)
+        except SlurmUnavailableError:
+            return None
+        except SlurmError as e:  # it started or ended meanwhile
+            log.info("re-nicing Slurm job %s failed: %s", job_id, e)
+            return False
+        log.info("Slurm job %s re-niced to %s (its experiment's priority)", job_id, want)
+        return True

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, or_, select
 from sqlalchemy.orm import Session
 
-from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel
+from hpc_master.db.models import ExperimentModel, SearcherOpCompletionModel, TrialModel, TrialRunModel
 from hpc_master.expconf import parse_experiment_config
 from hpc_master.lifecycle.configs import DerivedConfigs
 from hpc_master.services import lifecycle as svc
@@ -143,20 +143,41 @@ def drive(
 
     completions = svc.take_searcher_op_completions(session, experiment.id)
     trials = _load_trials(session, experiment.id, closed)
-    for trial in trials.values():
-        # A trial the searcher stopped while it was paused (or whose paused job ended after the Stop) is done.
-        if trial.searcher_done and trial.state == TrialState.PAUSED and trials.live_run(trial.id) is None:
-            svc.set_trial_state(session, trial, TrialState.COMPLETED, "stopped by the searcher")
-    exited = [
-        t
-        for t in sorted(trials.values(), key=lambda t: t.id)
-        if t.state in TERMINAL_TRIAL_STATES and t.id not in closed
-    ]
+    _complete_stopped_paused(session, trials)
+    exited = _newly_ended(trials, closed)
     validated = [c for c in completions if c.metric is not None]
     if snap is not None and not exited and not validated:
         return 0
 
     hosted, actions = load(experiment, inputs)
+    actions += _feed_events(hosted, validated, exited)
+    applied = _apply(session, experiment, hosted, actions, trials)
+    _store_state(experiment, hosted)
+    return applied
+
+
+def _complete_stopped_paused(session: Session, trials: _Trials) -> None:
+    """A trial the searcher stopped while it was paused (or whose paused job ended after the Stop) is done."""
+    for trial in trials.values():
+        if trial.searcher_done and trial.state == TrialState.PAUSED and trials.live_run(trial.id) is None:
+            svc.set_trial_state(session, trial, TrialState.COMPLETED, "stopped by the searcher")
+
+
+def _newly_ended(trials: _Trials, closed: set[int]) -> list[TrialModel]:
+    """The ended trials the search method has not been told of, by id."""
+    return [
+        t
+        for t in sorted(trials.values(), key=lambda t: t.id)
+        if t.state in TERMINAL_TRIAL_STATES and t.id not in closed
+    ]
+
+
+def _feed_events(
+    hosted: _Hosted, validated: list[SearcherOpCompletionModel], exited: list[TrialModel]
+) -> list[Action]:
+    """Tell the search method of the validations completed, then of the trials that exited (now closed);
+    the actions it answers with."""
+    actions: list[Action] = []
     for c in validated:
         assert c.metric is not None
         actions += hosted.method.on_validation_completed(c.trial_id, c.metric, int(c.length))
@@ -166,8 +187,11 @@ def drive(
             actions += hosted.method.on_trial_exited_early(trial.id, reason)
         actions += hosted.method.on_trial_closed(trial.id)
         hosted.closed.add(trial.id)
+    return actions
 
-    applied = _apply(session, experiment, hosted, actions, trials)
+
+def _store_state(experiment: ExperimentModel, hosted: _Hosted) -> None:
+    """Write the search's progress and snapshot to the experiment row, each only when it changed."""
     progress = hosted.method.progress()
     if experiment.progress != progress:
         experiment.progress = progress
@@ -176,7 +200,6 @@ def drive(
         # The experiment row's version column guards this write: if another writer changed the experiment
         # since it was loaded, the flush raises StaleDataError and the caller rolls everything back.
         experiment.searcher_snapshot = snapshot
-    return applied
 
 
 class _Trials(dict[int, TrialModel]):

@@ -257,17 +257,24 @@ def remove(remover: CheckpointRemover, targets: Iterable[Target]) -> dict[str, R
         else:
             by_owner[target.owner].append(target)
     for owner, items in by_owner.items():
-        try:
-            done = remover.remove(owner, [t.path for t in items if t.path is not None])
-        except Exception as exc:  # an unexpected failure is recorded like any other
-            log.exception("removing checkpoints of %s failed", owner.name)
-            done = {}
-            error = f"internal error: {type(exc).__name__}: {exc}"
-        else:
-            error = "no answer"
-        for t in items:
-            assert t.path is not None
-            out[t.uuid] = done.get(t.path) or Removal(ok=False, error=error)
+        out.update(_remove_owned(remover, owner, items))
+    return out
+
+
+def _remove_owned(remover: CheckpointRemover, owner: Owner, items: list[Target]) -> dict[str, Removal]:
+    """Remove one owner's targets (each with a path); a target the remover says nothing of failed."""
+    try:
+        done = remover.remove(owner, [t.path for t in items if t.path is not None])
+    except Exception as exc:  # an unexpected failure is recorded like any other
+        log.exception("removing checkpoints of %s failed", owner.name)
+        done = {}
+        error = f"internal error: {type(exc).__name__}: {exc}"
+    else:
+        error = "no answer"
+    out: dict[str, Removal] = {}
+    for t in items:
+        assert t.path is not None
+        out[t.uuid] = done.get(t.path) or Removal(ok=False, error=error)
     return out
 
 

@@ -72,11 +72,16 @@ class CheckpointRemover:
             for path in todo:
                 out[path] = _removal(rmtree.remove_dir(str(path)))
             return out
+        return {**out, **self._remove_as_owner(owner, todo)}
+
+    def _remove_as_owner(self, owner: Owner, paths: list[Path]) -> dict[Path, Removal]:
+        """Remove as the owner's Unix account, `batch_size` paths a helper process; all refused without one."""
         account, refusal = owner_account(owner)
         if account is None:
-            return {**out, **{p: Removal(ok=False, error=refusal) for p in todo}}
-        for start in range(0, len(todo), self.batch_size):
-            out.update(self._run_as(account, todo[start : start + self.batch_size]))
+            return {p: Removal(ok=False, error=refusal) for p in paths}
+        out: dict[Path, Removal] = {}
+        for start in range(0, len(paths), self.batch_size):
+            out.update(self._run_as(account, paths[start : start + self.batch_size]))
         return out
 
     def _run_as(self, account: str, paths: list[Path]) -> dict[Path, Removal]:

@@ -194,27 +194,45 @@ def sort_views(
     by_time = sorted(views, key=lambda v: (v.checkpoint.report_time, v.checkpoint.uuid))
     descending = query.order_by == "ORDER_BY_DESC"
     if query.sort_by_metric or query.sort_by_attr in ("SORT_BY_UNSPECIFIED", "SORT_BY_SEARCHER_METRIC"):
-        searcher_name, smaller_is_better = searcher_metric(config)
-        name = query.sort_by_metric or searcher_name
-        if query.sort_by_metric and query.sort_by_metric != searcher_name:
-            smaller_is_better = True
-        if query.order_by == "ORDER_BY_UNSPECIFIED":
-            descending = not smaller_is_better
-        values = {
-            v.checkpoint.uuid: _finite(metric_value(v.validation, name)) if v.validation and name else None
-            for v in by_time
-        }
-        present = [v for v in by_time if values[v.checkpoint.uuid] is not None]
-        absent = [v for v in by_time if values[v.checkpoint.uuid] is None]
-        present.sort(
-            key=lambda v: values[v.checkpoint.uuid] or 0.0, reverse=descending
-        )  # stable: ties by time
-        return present + absent
-    keys: dict[str, Callable[[CheckpointView], tuple[Any, ...]]] = {
-        "SORT_BY_UUID": lambda v: (v.checkpoint.uuid,),
-        "SORT_BY_TRIAL_ID": lambda v: (v.checkpoint.trial_id, v.checkpoint.steps_completed),
-        "SORT_BY_BATCH_NUMBER": lambda v: (v.checkpoint.steps_completed, v.checkpoint.trial_id),
-        "SORT_BY_END_TIME": lambda v: (v.checkpoint.report_time,),
-        "SORT_BY_STATE": lambda v: (STATE_ORDER.get(v.checkpoint.state, 0),),
+        return _sort_by_metric(by_time, query, config, descending=descending)
+    return sorted(by_time, key=_ATTR_KEYS[query.sort_by_attr or "SORT_BY_UUID"], reverse=descending)
+
+
+_ATTR_KEYS: dict[str, Callable[[CheckpointView], tuple[Any, ...]]] = {
+    "SORT_BY_UUID": lambda v: (v.checkpoint.uuid,),
+    "SORT_BY_TRIAL_ID": lambda v: (v.checkpoint.trial_id, v.checkpoint.steps_completed),
+    "SORT_BY_BATCH_NUMBER": lambda v: (v.checkpoint.steps_completed, v.checkpoint.trial_id),
+    "SORT_BY_END_TIME": lambda v: (v.checkpoint.report_time,),
+    "SORT_BY_STATE": lambda v: (STATE_ORDER.get(v.checkpoint.state, 0),),
+}
+"""The sort keys of ``sort_by_attr`` (ascending)."""
+
+
+def _sort_by_metric(
+    by_time: list[CheckpointView], query: CheckpointQuery, config: ExperimentConfig, *, descending: bool
+) -> list[CheckpointView]:
+    """`by_time` (sorted by report time) sorted by the metric `query` names (else the searcher's), stably;
+    checkpoints without it last, by time."""
+    name, descending = _metric_order(query, config, descending=descending)
+    values = {
+        v.checkpoint.uuid: _finite(metric_value(v.validation, name)) if v.validation and name else None
+        for v in by_time
     }
-    return sorted(by_time, key=keys[query.sort_by_attr or "SORT_BY_UUID"], reverse=descending)
+    present = [v for v in by_time if values[v.checkpoint.uuid] is not None]
+    absent = [v for v in by_time if values[v.checkpoint.uuid] is None]
+    present.sort(key=lambda v: values[v.checkpoint.uuid] or 0.0, reverse=descending)  # stable: ties by time
+    return present + absent
+
+
+def _metric_order(
+    query: CheckpointQuery, config: ExperimentConfig, *, descending: bool
+) -> tuple[str | None, bool]:
+    """The metric to sort by and whether descending: with no ``orderBy``, best first (``smaller_is_better``
+    for the searcher metric, ascending for another metric)."""
+    searcher_name, smaller_is_better = searcher_metric(config)
+    name = query.sort_by_metric or searcher_name
+    if query.sort_by_metric and query.sort_by_metric != searcher_name:
+        smaller_is_better = True
+    if query.order_by == "ORDER_BY_UNSPECIFIED":
+        descending = not smaller_is_better
+    return name, descending

@@ -54,51 +54,18 @@ def parse_model_definition(items: list[dict[str, object]]) -> list[ContextFile]:
     files: list[ContextFile] = []
     for index, item in enumerate(items):
         field = f"modelDefinition[{index}]"
-        raw_path = item.get("path")
-        if not isinstance(raw_path, str):
-            raise ClientError("each context file needs a string 'path'", field=f"{field}.path")
-        path = check_relative_path(raw_path, f"{field}.path")
-        file_type = item.get("type", ord(tarfile.REGTYPE))
-        if not isinstance(file_type, int) or (
-            file_type not in REGULAR_TYPES and file_type not in DIRECTORY_TYPES
-        ):
-            raise ClientError(
-                f"context file {raw_path!r} is not a regular file or directory (links are not allowed)",
-                field=f"{field}.type",
-                code="unsupported_file_type",
-            )
-        is_dir = file_type in DIRECTORY_TYPES
-        encoded = item.get("content") or ""
-        if not isinstance(encoded, str):
-            raise ClientError(
-                f"context file {raw_path!r}: content must be base64 text", field=f"{field}.content"
-            )
+        raw_path, path, is_dir, encoded = _checked_item(item, field)
         # Cheap size bound before decoding.
         total += len(encoded) * 3 // 4
         if total > MAX_CONTEXT_BYTES * 1.01 + 4:
             raise PayloadTooLargeError(
                 f"the context is larger than {MAX_CONTEXT_BYTES // (1024 * 1024)} MB", field="modelDefinition"
             )
-        try:
-            content = base64.b64decode(encoded, validate=True) if not is_dir else b""
-        except (binascii.Error, ValueError):
-            raise ClientError(
-                f"context file {raw_path!r}: content is not valid base64", field=f"{field}.content"
-            ) from None
+        content = _decoded(encoded, is_dir=is_dir, raw_path=raw_path, field=field)
         if path in seen:
             raise ClientError(f"context file {raw_path!r} appears twice", field=f"{field}.path")
         seen.add(path)
-        mode = item.get("mode")
-        mtime = item.get("mtime")
-        files.append(
-            ContextFile(
-                path=path,
-                is_dir=is_dir,
-                content=content,
-                mode=(mode if isinstance(mode, int) and mode > 0 else (0o755 if is_dir else 0o644)) & 0o7777,
-                mtime=mtime if isinstance(mtime, int) and mtime > 0 else 0,
-            )
-        )
+        files.append(_context_file(item, path, is_dir=is_dir, content=content))
     size = sum(len(f.content) for f in files)
     if size > MAX_CONTEXT_BYTES:
         raise PayloadTooLargeError(
@@ -106,6 +73,51 @@ def parse_model_definition(items: list[dict[str, object]]) -> list[ContextFile]:
             field="modelDefinition",
         )
     return files
+
+
+def _checked_item(item: dict[str, object], field: str) -> tuple[str, str, bool, str]:
+    """One entry's path as given and normalised, whether it is a directory, and its base64 content (not
+    decoded yet); raises naming the entry's field when it is not a regular file or directory at a relative
+    path with text content."""
+    raw_path = item.get("path")
+    if not isinstance(raw_path, str):
+        raise ClientError("each context file needs a string 'path'", field=f"{field}.path")
+    path = check_relative_path(raw_path, f"{field}.path")
+    file_type = item.get("type", ord(tarfile.REGTYPE))
+    if not isinstance(file_type, int) or (
+        file_type not in REGULAR_TYPES and file_type not in DIRECTORY_TYPES
+    ):
+        raise ClientError(
+            f"context file {raw_path!r} is not a regular file or directory (links are not allowed)",
+            field=f"{field}.type",
+            code="unsupported_file_type",
+        )
+    encoded = item.get("content") or ""
+    if not isinstance(encoded, str):
+        raise ClientError(f"context file {raw_path!r}: content must be base64 text", field=f"{field}.content")
+    return raw_path, path, file_type in DIRECTORY_TYPES, encoded
+
+
+def _decoded(encoded: str, *, is_dir: bool, raw_path: str, field: str) -> bytes:
+    try:
+        return base64.b64decode(encoded, validate=True) if not is_dir else b""
+    except (binascii.Error, ValueError):
+        raise ClientError(
+            f"context file {raw_path!r}: content is not valid base64", field=f"{field}.content"
+        ) from None
+
+
+def _context_file(item: dict[str, object], path: str, *, is_dir: bool, content: bytes) -> ContextFile:
+    """The entry with its mode (the default for its kind when none is given) and mtime (0 when none)."""
+    mode = item.get("mode")
+    mtime = item.get("mtime")
+    return ContextFile(
+        path=path,
+        is_dir=is_dir,
+        content=content,
+        mode=(mode if isinstance(mode, int) and mode > 0 else (0o755 if is_dir else 0o644)) & 0o7777,
+        mtime=mtime if isinstance(mtime, int) and mtime > 0 else 0,
+    )
 
 
 def pack_context(files: list[ContextFile]) -> bytes:

@@ -184,27 +184,10 @@ class ExperimentCurves:
             # query, however many rows it has.
             since = (self.read_at or started) - dt.timedelta(seconds=ENDED_RECENTLY_S)
             self.read_at = started
-            live = set(
-                session.scalars(
-                    select(TrialRunModel.trial_id)
-                    .join(TrialModel, TrialModel.id == TrialRunModel.trial_id)
-                    .where(
-                        TrialModel.experiment_id == self.experiment_id,
-                        or_(
-                            TrialRunModel.state.in_(LIVE_RUN_STATES),
-                            TrialRunModel.end_time > since,
-                        ),
-                    )
-                )
-            )
+            live = self._live_trials(session, since)
             if not live:
                 return self.generation
-            floor = max(0, max(self.last_id, self.scanned_to) - LAG_IDS)
-            ids = []
-            for row_id, trial_id in self._ids_after(session, floor):
-                self.scanned_to = max(self.scanned_to, row_id)
-                if trial_id in live and row_id not in self.recent:
-                    ids.append(row_id)
+            ids = self._unread_ids(session, live)
             if not ids:
                 return self.generation
             ids.sort()
@@ -221,6 +204,33 @@ class ExperimentCurves:
             self.recent = {i for i in self.recent if i > cut}
             self.recent.update(i for i in ids if i > cut)
             return self.generation
+
+    def _live_trials(self, session: Session, since: dt.datetime) -> set[int]:
+        """The experiment's trials with a live run, or with a run that ended after `since`."""
+        return set(
+            session.scalars(
+                select(TrialRunModel.trial_id)
+                .join(TrialModel, TrialModel.id == TrialRunModel.trial_id)
+                .where(
+                    TrialModel.experiment_id == self.experiment_id,
+                    or_(
+                        TrialRunModel.state.in_(LIVE_RUN_STATES),
+                        TrialRunModel.end_time > since,
+                    ),
+                )
+            )
+        )
+
+    def _unread_ids(self, session: Session, live: set[int]) -> list[int]:
+        """The ids of the `live` trials' rows not read yet, from ``LAG_IDS`` before the newest id seen (or
+        scanned) on; advances ``scanned_to``."""
+        floor = max(0, max(self.last_id, self.scanned_to) - LAG_IDS)
+        ids = []
+        for row_id, trial_id in self._ids_after(session, floor):
+            self.scanned_to = max(self.scanned_to, row_id)
+            if trial_id in live and row_id not in self.recent:
+                ids.append(row_id)
+        return ids
 
     @staticmethod
     def _ids_after(session: Session, floor: int) -> list[tuple[int, int]]:
@@ -283,11 +293,7 @@ class ExperimentCurves:
             if generation <= self.saved_generation or not self.last_id:
                 return 0
             trials = {t for (_, t), g in self.changed.items() if g > self.saved_generation}
-            rows = [
-                {"trial_id": t, "group": group, "name": name, "data": per_trial[t].to_bytes()}
-                for (group, name), per_trial in self.series.items()
-                for t in trials & per_trial.keys()
-            ]
+            rows = self._curve_rows(trials)
             last_id, read_at = self.last_id, self.read_at or utcnow()
             recent = np.fromiter(sorted(self.recent), dtype="<i8", count=len(self.recent)).tobytes()
         with transaction() as session:
@@ -295,39 +301,31 @@ class ExperimentCurves:
                 session.execute(delete(MetricCurveModel).where(MetricCurveModel.trial_id.in_(sorted(trials))))
             if rows:
                 session.execute(insert(MetricCurveModel), rows)
-            mark = session.get(MetricCurveMarkModel, self.experiment_id)
-            if mark is None:
-                mark = MetricCurveMarkModel(experiment_id=self.experiment_id)
-                session.add(mark)
-            mark.last_id, mark.recent, mark.updated_at = last_id, recent, read_at
+            self._write_mark(session, last_id, recent, read_at)
         with self.lock:
             self.saved_generation = max(self.saved_generation, generation)
         return len(rows)
 
+    def _curve_rows(self, trials: set[int]) -> list[dict[str, Any]]:
+        """The ``metric_curves`` rows of `trials`' curves (held under the lock)."""
+        return [
+            {"trial_id": t, "group": group, "name": name, "data": per_trial[t].to_bytes()}
+            for (group, name), per_trial in self.series.items()
+            for t in trials & per_trial.keys()
+        ]
+
+    def _write_mark(self, session: Session, last_id: int, recent: bytes, read_at: dt.datetime) -> None:
+        """Record how far the saved curves read (the experiment's ``metric_curve_marks`` row, made if new)."""
+        mark = session.get(MetricCurveMarkModel, self.experiment_id)
+        if mark is None:
+            mark = MetricCurveMarkModel(experiment_id=self.experiment_id)
+            session.add(mark)
+        mark.last_id, mark.recent, mark.updated_at = last_id, recent, read_at
+
     def _load_all(self, rows: Iterable[Any]) -> None:
         """Rows of whole trials: their numbers gathered per (group, name, trial), then each curve built from
         its points at once."""
-        gathered: dict[tuple[str, str, int], tuple[list[int], list[float]]] = {}
-        loads = orjson.loads
-        for _, trial_id, group, steps, metrics in rows:
-            if isinstance(metrics, str | bytes):
-                metrics = loads(metrics)
-            avg = metrics.get("avgMetrics", metrics) if isinstance(metrics, dict) else None
-            if not isinstance(avg, dict):
-                continue
-            for name, value in avg.items():
-                kind = type(value)
-                if kind is not float and kind is not int:  # bool, str, None, lists: not a point
-                    continue
-                key = (group, name, trial_id)
-                points = gathered.get(key)
-                if points is None:
-                    if len(name) > MAX_NAME:
-                        continue
-                    points = gathered[key] = ([], [])
-                points[0].append(steps)
-                points[1].append(value)
-        for (group, name, trial_id), (steps_list, values) in gathered.items():
+        for (group, name, trial_id), (steps_list, values) in _gather(rows).items():
             series = (group, name)
             self.series.setdefault(series, {})[trial_id] = MinMaxCurve.from_points(
                 steps_list, values, BUCKETS_PER_CURVE
@@ -365,6 +363,32 @@ class ExperimentCurves:
             per_trial = self.series.get(key, {})
             chosen = [t for t in per_trial if self.changed.get((key, t), 0) > since_generation]
             return dict(zip(chosen, downsample_many([per_trial[t] for t in chosen], max_points), strict=True))
+
+
+def _gather(rows: Iterable[Any]) -> dict[tuple[str, str, int], tuple[list[int], list[float]]]:
+    """The numbers of metric rows, as (steps, values) per (group, name, trial); a name longer than ``MAX_NAME``
+    and values that are not numbers are skipped."""
+    gathered: dict[tuple[str, str, int], tuple[list[int], list[float]]] = {}
+    loads = orjson.loads
+    for _, trial_id, group, steps, metrics in rows:
+        if isinstance(metrics, str | bytes):
+            metrics = loads(metrics)
+        avg = metrics.get("avgMetrics", metrics) if isinstance(metrics, dict) else None
+        if not isinstance(avg, dict):
+            continue
+        for name, value in avg.items():
+            kind = type(value)
+            if kind is not float and kind is not int:  # bool, str, None, lists: not a point
+                continue
+            key = (group, name, trial_id)
+            points = gathered.get(key)
+            if points is None:
+                if len(name) > MAX_NAME:
+                    continue
+                points = gathered[key] = ([], [])
+            points[0].append(steps)
+            points[1].append(value)
+    return gathered
 
 
 class CurveCache:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, exists, func, literal_column, select
+from sqlalchemy import ColumnElement, Select, exists, func, literal_column, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
@@ -105,6 +105,15 @@ def list_experiments(
         stmt = stmt.where(_has_label(session, label))
     key = _sort_key(sort_by)
     total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+    stmt = _page(stmt, key, order_desc=order_desc, offset=offset, limit=limit)
+    rows = [(exp, username) for exp, username in session.execute(stmt).all()]
+    return rows, total
+
+
+def _page(
+    stmt: Select[ExperimentModel, str], key: Any, *, order_desc: bool, offset: int, limit: int
+) -> Select[ExperimentModel, str]:
+    """`stmt` sorted by `key` (missing values last, ties by id) and cut to a page (`limit` ≤ 0: the rest)."""
     if order_desc:
         stmt = stmt.order_by(key.desc().nulls_last(), ExperimentModel.id.desc())
     else:
@@ -112,5 +121,4 @@ def list_experiments(
     stmt = stmt.offset(max(offset, 0))
     if limit > 0:
         stmt = stmt.limit(limit)
-    rows = [(exp, username) for exp, username in session.execute(stmt).all()]
-    return rows, total
+    return stmt

@@ -48,20 +48,9 @@ def patch_experiment(
     if experiment is None:
         raise NotFoundError(f"experiment {experiment_id} not found")
     can_modify(principal, experiment)
-    values: dict[str, Any] = {}
-    set_in_config: dict[str, Any] = {}
-    if name is not None:
-        values["name"] = set_in_config["name"] = name
-    if description is not None:
-        values["description"] = set_in_config["description"] = description
-    if labels is not None:
-        set_in_config["labels"] = check_labels(labels)
-    policy = {k: v for k, v in (gc_policy or {}).items() if v is not None}
-    if set(policy) - set(GC_FIELDS):
-        raise ClientError(f"unknown GC policy fields {sorted(set(policy) - set(GC_FIELDS))}")
-    wanted = {k: RESOURCE_DEFAULTS[k] if v is None else v for k, v in (resources or {}).items()}
-    if set(wanted) - set(RESOURCE_DEFAULTS):
-        raise ClientError(f"unknown resources fields {sorted(set(wanted) - set(RESOURCE_DEFAULTS))}")
+    values, set_in_config = _named_fields(name, description, labels)
+    policy = _gc_policy(gc_policy)
+    wanted = _resources(resources)
     merged = {k: v for k, v in (("checkpoint_storage", policy), ("resources", wanted)) if v}
     config = edited_config(experiment, set_in_config, merged)  # checked by the typed model, as stored
     if config != (experiment.config or {}):
@@ -77,15 +66,58 @@ def patch_experiment(
         .execution_options(synchronize_session=False)
     )
     session.refresh(experiment)
-    state = experiment.state
-    for what, changed in (("GC policy", policy), ("resources", wanted)):
+    _record_settings(session, principal, experiment_id, experiment.state, policy=policy, resources=wanted)
+    if policy:
+        request_checkpoint_gc(session, experiment_id)
+    return experiment
+
+
+def _named_fields(
+    name: str | None, description: str | None, labels: Sequence[str] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The row's columns and the config's keys that a name, description and labels set."""
+    values: dict[str, Any] = {}
+    set_in_config: dict[str, Any] = {}
+    if name is not None:
+        values["name"] = set_in_config["name"] = name
+    if description is not None:
+        values["description"] = set_in_config["description"] = description
+    if labels is not None:
+        set_in_config["labels"] = check_labels(labels)
+    return values, set_in_config
+
+
+def _gc_policy(gc_policy: Mapping[str, int] | None) -> dict[str, int]:
+    """The GC policy fields given (not None), all known ones."""
+    policy = {k: v for k, v in (gc_policy or {}).items() if v is not None}
+    if set(policy) - set(GC_FIELDS):
+        raise ClientError(f"unknown GC policy fields {sorted(set(policy) - set(GC_FIELDS))}")
+    return policy
+
+
+def _resources(resources: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The resources fields given, all known ones, each None replaced by its default."""
+    wanted = {k: RESOURCE_DEFAULTS[k] if v is None else v for k, v in (resources or {}).items()}
+    if set(wanted) - set(RESOURCE_DEFAULTS):
+        raise ClientError(f"unknown resources fields {sorted(set(wanted) - set(RESOURCE_DEFAULTS))}")
+    return wanted
+
+
+def _record_settings(
+    session: Session,
+    principal: Principal,
+    experiment_id: int,
+    state: str,
+    *,
+    policy: Mapping[str, Any],
+    resources: Mapping[str, Any],
+) -> None:
+    """One event per kind of setting changed (a GC policy, resources), saying what and by whom."""
+    for what, changed in (("GC policy", policy), ("resources", resources)):
         if changed:
             shown = ", ".join(f"{k}: {v}" for k, v in changed.items())
             reason = f"{what} set ({shown}) by {principal.username}"
             record_event(session, "experiment", experiment_id, state, state, reason)
-    if policy:
-        request_checkpoint_gc(session, experiment_id)
-    return experiment
 
 
 def check_labels(labels: Sequence[str]) -> list[str]:

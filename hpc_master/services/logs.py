@@ -118,13 +118,13 @@ class LogFilter:
     search_text: str = ""
 
     def matches(self, entry: dict[str, object]) -> bool:
-        if self.rank_ids and entry.get("rankId") not in self.rank_ids:
-            return False
-        if self.levels and entry.get("level") not in self.levels:
-            return False
-        if self.stdtypes and entry.get("stdtype") not in self.stdtypes:
-            return False
-        if self.sources and entry.get("source") not in self.sources:
+        wanted_by_field: tuple[tuple[str, frozenset[object]], ...] = (
+            ("rankId", self.rank_ids),
+            ("level", self.levels),
+            ("stdtype", self.stdtypes),
+            ("source", self.sources),
+        )
+        if any(wanted and entry.get(name) not in wanted for name, wanted in wanted_by_field):
             return False
         return not self.search_text or self.search_text in str(entry.get("log", ""))
 
@@ -181,6 +181,19 @@ def _iso(when: dt.datetime) -> str:
     return when.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _to_emit(data: bytes, *, final: bool, at_end: bool) -> bytes:
+    """What of `data` (read from a file) to emit now: complete lines only, unless `final` and at the file's end
+    (a line longer than a whole read comes in pieces); empty when nothing."""
+    if final and at_end:
+        return data
+    cut = data.rfind(b"\n")
+    if cut < 0:
+        if at_end:
+            return b""
+        cut = len(data) - 1  # one line longer than a read: emit it in pieces
+    return data[: cut + 1]
+
+
 def read_new_lines(
     trial_id: int,
     sources: Sequence[LogSource],
@@ -208,15 +221,9 @@ def read_new_lines(
         if not at_end:
             data = data[:max_bytes]
             more = True
+        data = _to_emit(data, final=final, at_end=at_end)
         if not data:
             continue
-        if not (final and at_end):
-            cut = data.rfind(b"\n")
-            if cut < 0:
-                if at_end:
-                    continue
-                cut = len(data) - 1  # one line longer than a read: emit it in pieces
-            data = data[: cut + 1]
         cursor.offsets[key] = start + len(data)
         stamp = _iso(written)
         for raw in data.splitlines(keepends=True):

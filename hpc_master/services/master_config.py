@@ -19,14 +19,8 @@ from hpc_master.services.redact import MASK, looks_secret
 def mask_url(url: str) -> str:
     """``postgresql+psycopg://det:s3cret@db/det?sslpassword=x`` → the same with ``********`` for the secrets."""
     parts = urlsplit(url)
-    netloc = parts.netloc
-    userinfo, at, host = netloc.rpartition("@")
-    if at and ":" in userinfo:
-        netloc = f"{userinfo.split(':', 1)[0]}:{MASK}@{host}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, MASK if looks_secret(k) and v else v) for k, v in pairs], safe="*/")
+    netloc = _mask_netloc(parts.netloc)
+    query = _mask_query(parts.query)
     if netloc == parts.netloc and query == parts.query:
         return url
     # Not urlunsplit: it drops the empty authority of ``sqlite:////abs/path``.
@@ -35,6 +29,22 @@ def mask_url(url: str) -> str:
         + (f"?{query}" if query else "")
         + (f"#{parts.fragment}" if parts.fragment else "")
     )
+
+
+def _mask_netloc(netloc: str) -> str:
+    """``user:pass@host`` → ``user:********@host``; a netloc without a password as it is."""
+    userinfo, at, host = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        return f"{userinfo.split(':', 1)[0]}:{MASK}@{host}"
+    return netloc
+
+
+def _mask_query(query: str) -> str:
+    """The query string with the non-empty values of secret-looking parameters masked (re-encoded when non-empty)."""
+    if not query:
+        return query
+    pairs = parse_qsl(query, keep_blank_values=True)
+    return urlencode([(k, MASK if looks_secret(k) and v else v) for k, v in pairs], safe="*/")
 
 
 def effective_config(config: MasterConfig) -> dict[str, Any]:

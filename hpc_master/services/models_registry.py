@@ -21,11 +21,11 @@ code, not 500s.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import Select, delete, func, select
 from sqlalchemy.orm import Session
 
 from hpc_master.db.models import (
@@ -225,11 +225,49 @@ def list_models(session: Session, query: ModelQuery) -> list[ModelView]:
     the same on every database (collations differ)."""
     sort = MODEL_SORTS[parse_sort(query.sort_by, MODEL_SORTS, MODEL_SORT_NUMBERS, "sortBy")]
     descending = ORDERS[parse_sort(query.order_by, ORDERS, ORDER_NUMBERS, "orderBy")]
-    if (
-        query.workspace_names
-        and WORKSPACE_NAME.casefold() not in {n.casefold() for n in query.workspace_names}
-    ) or (query.workspace_ids and WORKSPACE_ID not in query.workspace_ids):
+    if _outside_workspace(query):
         return []
+    stmt = _models_stmt(session, query)
+    name, description = query.name.casefold(), query.description.casefold()
+    wanted = set(query.labels)
+    models = [
+        m
+        for m in session.scalars(stmt.order_by(RegistryModel.id))
+        if name in m.name.casefold()
+        and description in (m.description or "").casefold()
+        and wanted <= set(m.labels or [])
+    ]
+    views = model_views(session, models)
+    views.sort(key=lambda v: v.model.id, reverse=descending)
+    views.sort(key=_MODEL_KEYS[sort], reverse=descending)  # stable: ties keep the id order
+    return views
+
+
+_MODEL_KEYS: dict[str, Callable[[ModelView], tuple[Any, ...]]] = {
+    "id": lambda v: (0,),
+    "name": lambda v: (v.model.name.casefold(), v.model.name),
+    "description": lambda v: ((v.model.description or "").casefold(),),
+    "creation_time": lambda v: (v.model.creation_time,),
+    "last_updated_time": lambda v: (v.model.last_updated_time,),
+    "num_versions": lambda v: (v.num_versions,),
+    "workspace": lambda v: (v.model.workspace_id,),
+}
+"""The sort keys of the values of ``MODEL_SORTS``."""
+
+
+def _outside_workspace(query: ModelQuery) -> bool:
+    """Whether the query asks only for workspaces other than the one this master has."""
+    return bool(
+        (
+            query.workspace_names
+            and WORKSPACE_NAME.casefold() not in {n.casefold() for n in query.workspace_names}
+        )
+        or (query.workspace_ids and WORKSPACE_ID not in query.workspace_ids)
+    )
+
+
+def _models_stmt(session: Session, query: ModelQuery) -> Select[RegistryModel]:
+    """The models the query's id, archived and owner filters keep (owners by name looked up here)."""
     stmt = select(RegistryModel)
     if query.model_id:
         stmt = stmt.where(RegistryModel.id == query.model_id)
@@ -241,32 +279,7 @@ def list_models(session: Session, query: ModelQuery) -> list[ModelView]:
         owners |= set(session.scalars(select(UserModel.id).where(UserModel.username.in_(names))))
     if query.users or query.user_ids:
         stmt = stmt.where(RegistryModel.user_id.in_(sorted(owners)))
-    name, description = query.name.casefold(), query.description.casefold()
-    wanted = set(query.labels)
-    models = [
-        m
-        for m in session.scalars(stmt.order_by(RegistryModel.id))
-        if name in m.name.casefold()
-        and description in (m.description or "").casefold()
-        and wanted <= set(m.labels or [])
-    ]
-    views = model_views(session, models)
-
-    def key(v: ModelView) -> Any:
-        m = v.model
-        return {
-            "id": (0,),
-            "name": (m.name.casefold(), m.name),
-            "description": ((m.description or "").casefold(),),
-            "creation_time": (m.creation_time,),
-            "last_updated_time": (m.last_updated_time,),
-            "num_versions": (v.num_versions,),
-            "workspace": (m.workspace_id,),
-        }[sort]
-
-    views.sort(key=lambda v: v.model.id, reverse=descending)
-    views.sort(key=key, reverse=descending)  # stable: ties keep the id order
-    return views
+    return stmt
 
 
 def model_labels(session: Session) -> list[str]:

@@ -19,11 +19,7 @@ def searcher_units(config: ExperimentConfig, steps_completed: int, metrics: Mapp
     searcher = config.searcher
     time_metric = getattr(searcher, "time_metric", None)
     if time_metric:
-        avg = metrics.get("avgMetrics", metrics)
-        value = avg.get(time_metric) if isinstance(avg, Mapping) else None
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return int(value)
-        return steps_completed
+        return _reported_units(time_metric, steps_completed, metrics)
     max_length = getattr(searcher, "max_length", None)
     unit = max_length.unit if max_length is not None else "batches"
     if unit == "batches":
@@ -38,6 +34,15 @@ def searcher_units(config: ExperimentConfig, steps_completed: int, metrics: Mapp
     if rpe <= 0:
         return steps_completed
     return math.floor(records / rpe)
+
+
+def _reported_units(time_metric: str, steps_completed: int, metrics: Mapping[str, Any]) -> int:
+    """The 0.38 form: the reported `time_metric` (its average when nested), else `steps_completed`."""
+    avg = metrics.get("avgMetrics", metrics)
+    value = avg.get(time_metric) if isinstance(avg, Mapping) else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return int(value)
+    return steps_completed
 
 
 def searcher_max_length(config: ExperimentConfig) -> int | None:

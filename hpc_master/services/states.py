@@ -287,17 +287,9 @@ def next_step(
     a trial of an experiment that is not ACTIVE waits for the user; anything else is resubmitted.
     """
     term = TERMINATION_TABLE[reason]
-    if trial_state in STOPPING_TRIAL_END:
-        return NextStep(Next.END, STOPPING_TRIAL_END[trial_state])
-    if trial_state in TERMINAL_TRIAL_STATES:
-        return NextStep(Next.END, trial_state)
-    if term.trial_state in TERMINAL_TRIAL_STATES:
-        return NextStep(Next.END, term.trial_state)
-    if searcher_done:
-        return NextStep(Next.END, _T.COMPLETED, note="the searcher was done with the trial: completed")
-    if experiment_state in EXPERIMENT_STOPPING_TRIAL_END:
-        target = EXPERIMENT_STOPPING_TRIAL_END[experiment_state]
-        return NextStep(Next.END, target, note=f"the experiment is {experiment_state}: {target}")
+    ended = _end_regardless(term, trial_state, experiment_state, searcher_done=searcher_done)
+    if ended is not None:
+        return ended
     restart = term.retry == Retry.RESTART
     if restart and restarts >= max_restarts:
         return NextStep(Next.END, _T.ERROR, note="out of restarts")
@@ -318,6 +310,24 @@ def next_step(
     return NextStep(
         Next.RESUBMIT, _T.ACTIVE, counts_restart=restart, note="resubmitted from the latest checkpoint"
     )
+
+
+def _end_regardless(
+    term: Termination, trial_state: TrialState, experiment_state: ExperimentState, *, searcher_done: bool
+) -> NextStep | None:
+    """The first rules of `next_step`, those that end the trial whatever its restarts; None when none applies."""
+    if trial_state in STOPPING_TRIAL_END:
+        return NextStep(Next.END, STOPPING_TRIAL_END[trial_state])
+    if trial_state in TERMINAL_TRIAL_STATES:
+        return NextStep(Next.END, trial_state)
+    if term.trial_state in TERMINAL_TRIAL_STATES:
+        return NextStep(Next.END, term.trial_state)
+    if searcher_done:
+        return NextStep(Next.END, _T.COMPLETED, note="the searcher was done with the trial: completed")
+    if experiment_state in EXPERIMENT_STOPPING_TRIAL_END:
+        target = EXPERIMENT_STOPPING_TRIAL_END[experiment_state]
+        return NextStep(Next.END, target, note=f"the experiment is {experiment_state}: {target}")
+    return None
 
 
 def _pause_reason(value: str | None) -> TerminationReason:

@@ -134,17 +134,20 @@ def login(
             HASHED_LOGIN_FAILED if is_hashed else "invalid credentials", user_exists=user is not None
         )
     if user.password_hash == auth.BLANK_PASSWORD_HASH:
-        if require_passwords:
-            raise LoginFailedError(
-                "this master requires passwords; ask an admin to set yours", user_exists=True
-            )
-        if not is_owner:
-            raise LoginFailedError(BLANK_FROM_DETERMINED if is_hashed else BLANK_NOT_OWNER, user_exists=True)
+        _check_blank_login(require_passwords=require_passwords, is_owner=is_owner, is_hashed=is_hashed)
     elif not is_hashed and auth.needs_rehash(user.password_hash):
         user.password_hash = auth.hash_password(password)
     token = auth.new_token()
     session.add(SessionModel(token_hash=auth.hash_token(token), user_id=user.id, expires_at=utcnow() + ttl))
     return token, user
+
+
+def _check_blank_login(*, require_passwords: bool, is_owner: bool, is_hashed: bool) -> None:
+    """Refuse a login with a blank password unless passwords are optional and it comes from the owner."""
+    if require_passwords:
+        raise LoginFailedError("this master requires passwords; ask an admin to set yours", user_exists=True)
+    if not is_owner:
+        raise LoginFailedError(BLANK_FROM_DETERMINED if is_hashed else BLANK_NOT_OWNER, user_exists=True)
 
 
 HASHED_LOGIN_FAILED = (
@@ -278,12 +281,32 @@ def patch_user(
     privileged = active is not None or admin is not None or unix_username is not None
     if not principal.admin and (not own or privileged):
         raise PermissionDeniedError("only an admin can change other users or user flags")
-    if user.admin and user.active and (admin is False or active is False):
+    if _demotes_active_admin(user, admin=admin, active=active):
         _refuse_removing_last_admin(session, user)
     if password is not None:
         _check_new_password(password, is_hashed=is_hashed, require_passwords=require_passwords)
         user.password_hash = auth.hash_password(password, is_hashed=is_hashed)
         revoke_user_sessions(session, user.id, keep_token_hash=keep_token_hash)
+    _set_fields(user, active=active, admin=admin, unix_username=unix_username, display_name=display_name)
+    if cache is not None:
+        cache.clear()
+    return user
+
+
+def _demotes_active_admin(user: UserModel, *, admin: bool | None, active: bool | None) -> bool:
+    """Whether the patch takes an active admin's admin flag or activity away."""
+    return user.admin and user.active and (admin is False or active is False)
+
+
+def _set_fields(
+    user: UserModel,
+    *,
+    active: bool | None,
+    admin: bool | None,
+    unix_username: str | None,
+    display_name: str | None,
+) -> None:
+    """Set the fields the patch gives (those not None)."""
     if active is not None:
         user.active = active
     if admin is not None:
@@ -292,9 +315,6 @@ def patch_user(
         user.unix_username = unix_username
     if display_name is not None:
         user.display_name = display_name
-    if cache is not None:
-        cache.clear()
-    return user
 
 
 def _check_new_password(password: str, *, is_hashed: bool, require_passwords: bool) -> None:

@@ -80,7 +80,11 @@ def list_experiments(
     stmt = stmt.order_by(*order).offset(offset)
     if limit > 0:
         stmt = stmt.limit(limit)
-    page = list(session.execute(stmt).all())
+    return _experiment_rows(session, list(session.execute(stmt).all())), total
+
+
+def _experiment_rows(session: Session, page: list[Any]) -> list[ExperimentRow]:
+    """The page's (experiment, owner's name) with each one's trial count and best searcher metric."""
     ids = [e.id for e, _ in page]
     stats = {
         exp_id: (count, low, high)
@@ -100,7 +104,7 @@ def list_experiments(
         count, low, high = stats.get(experiment.id, (0, None, None))
         _, smaller = searcher_metric(experiment_config(experiment))
         rows.append(ExperimentRow(experiment, username, int(count), low if smaller else high))
-    return rows, total
+    return rows
 
 
 def current_runs(session: Session, trial_ids: Sequence[int]) -> dict[int, TrialRunModel]:
@@ -186,72 +190,117 @@ def searcher_rungs(session: Session, experiment: ExperimentModel) -> dict[str, A
     """
     config = experiment_config(experiment)
     searcher = config.searcher
-    snapshot = experiment.searcher_snapshot or {}
-    algorithm = (snapshot.get("method") or {}).get("algorithm") if isinstance(snapshot, dict) else None
     out: dict[str, Any] = {
         "searcherType": searcher.name if searcher is not None else "",
         "promotion": getattr(searcher, "promotion", None) or "pause",
         "brackets": [],
     }
-    if not isinstance(algorithm, dict):
-        return out
-    states = algorithm.get("brackets") if "brackets" in algorithm else [algorithm]
-    if not isinstance(states, list) or not all(isinstance(s, dict) and "rungs" in s for s in states):
+    states = _bracket_states(experiment.searcher_snapshot)
+    if states is None:
         return out
     trials = {
         t.request_id: t
         for t in session.scalars(select(TrialModel).where(TrialModel.experiment_id == experiment.id))
     }
-    ids = [t.id for t in trials.values()]
-    resumed = set(
-        session.scalars(
-            select(EventModel.entity_id).where(
-                EventModel.entity == "trial",
-                EventModel.entity_id.in_(ids),
-                EventModel.old_state == "PAUSED",
-                EventModel.new_state == "ACTIVE",
-            )
-        )
-    )
+    resumed = _resumed_trials(session, [t.id for t in trials.values()])
     lengths = _rung_lengths(config, len(states))
     # The searcher keeps every metric signed so that smaller is better (searcher.base): the user reported, and
     # sees, the metric in its own direction.
     sign = 1.0 if searcher is None or searcher.smaller_is_better else -1.0
     for b, state in enumerate(states):
-        awaiting = set(state.get("awaiting") or [])
-        at_rung = {str(rid): int(r) for rid, r in state.get("trial_rung") or []}
-        rungs = []
-        for r, entries in enumerate(state["rungs"]):
-            rows = []
-            # Best first, in the metric's own direction (the signed value ascending); no value last.
-            for rid, signed, promoted in sorted(entries, key=lambda e: _rank(e[1])):
-                trial = trials.get(str(rid))
-                status = _rung_status(trial, bool(promoted), at_rung.get(str(rid), r) > r)
-                rows.append(
-                    {
-                        "trialId": trial.id if trial else None,
-                        "requestId": str(rid),
-                        "metric": sign * signed if _reported(signed) else None,
-                        "status": status,
-                        "resumed": bool(trial and trial.id in resumed),
-                        "state": f"STATE_{trial.state}" if trial else None,
-                    }
-                )
-            training = [
-                trials[rid].id
-                for rid in sorted(awaiting)
-                if at_rung.get(rid) == r and rid in trials and not any(e[0] == rid for e in entries)
-            ]
-            rungs.append(
-                {
-                    "index": r,
-                    "length": lengths[b][r] if lengths and r < len(lengths[b]) else None,
-                    "trials": rows,
-                    "trainingTrialIds": training,
-                }
-            )
+        rungs = _bracket_rungs(state, trials, resumed, sign, lengths[b] if lengths else None)
         out["brackets"].append({"index": b, "rungs": rungs})
     return out
+
+
+def _bracket_states(snapshot: Any) -> list[dict[str, Any]] | None:
+    """The state of each bracket in a searcher snapshot (one for ASHA, one per bracket for adaptive ASHA), each
+    with its ``rungs``; None when the snapshot holds no such thing."""
+    snapshot = snapshot or {}
+    algorithm = (snapshot.get("method") or {}).get("algorithm") if isinstance(snapshot, dict) else None
+    if not isinstance(algorithm, dict):
+        return None
+    states = algorithm.get("brackets") if "brackets" in algorithm else [algorithm]
+    if not isinstance(states, list) or not all(isinstance(s, dict) and "rungs" in s for s in states):
+        return None
+    return states
+
+
+def _resumed_trials(session: Session, trial_ids: list[int]) -> set[int]:
+    """The trials of `trial_ids` that were paused and later resumed."""
+    return set(
+        session.scalars(
+            select(EventModel.entity_id).where(
+                EventModel.entity == "trial",
+                EventModel.entity_id.in_(trial_ids),
+                EventModel.old_state == "PAUSED",
+                EventModel.new_state == "ACTIVE",
+            )
+        )
+    )
+
+
+def _bracket_rungs(
+    state: dict[str, Any],
+    trials: dict[str, TrialModel],
+    resumed: set[int],
+    sign: float,
+    lengths: list[int] | None,
+) -> list[dict[str, Any]]:
+    """One bracket's rungs: each one's length (when known), its trials and those training towards it."""
+    awaiting = set(state.get("awaiting") or [])
+    at_rung = {str(rid): int(r) for rid, r in state.get("trial_rung") or []}
+    rungs = []
+    for r, entries in enumerate(state["rungs"]):
+        rows = _rung_rows(r, entries, trials, at_rung, resumed, sign)
+        training = _training_ids(r, entries, trials, at_rung, awaiting)
+        rungs.append(
+            {
+                "index": r,
+                "length": lengths[r] if lengths and r < len(lengths) else None,
+                "trials": rows,
+                "trainingTrialIds": training,
+            }
+        )
+    return rungs
+
+
+def _training_ids(
+    r: int, entries: list[Any], trials: dict[str, TrialModel], at_rung: dict[str, int], awaiting: set[Any]
+) -> list[int]:
+    """The trials training towards rung `r`: awaited there and not in its `entries` yet."""
+    return [
+        trials[rid].id
+        for rid in sorted(awaiting)
+        if at_rung.get(rid) == r and rid in trials and not any(e[0] == rid for e in entries)
+    ]
+
+
+def _rung_rows(
+    r: int,
+    entries: list[Any],
+    trials: dict[str, TrialModel],
+    at_rung: dict[str, int],
+    resumed: set[int],
+    sign: float,
+) -> list[dict[str, Any]]:
+    """Rung `r`'s trials (its `entries`: request id, signed metric, promoted) and what became of each."""
+    rows = []
+    # Best first, in the metric's own direction (the signed value ascending); no value last.
+    for rid, signed, promoted in sorted(entries, key=lambda e: _rank(e[1])):
+        trial = trials.get(str(rid))
+        status = _rung_status(trial, bool(promoted), at_rung.get(str(rid), r) > r)
+        rows.append(
+            {
+                "trialId": trial.id if trial else None,
+                "requestId": str(rid),
+                "metric": sign * signed if _reported(signed) else None,
+                "status": status,
+                "resumed": bool(trial and trial.id in resumed),
+                "state": f"STATE_{trial.state}" if trial else None,
+            }
+        )
+    return rows
 
 
 def _reported(signed: Any) -> bool:
@@ -333,21 +382,25 @@ def time_series(
         if names:
             values = {k: v for k, v in values.items() if k in names}
         reports.setdefault(g, {})[int(steps)] = (time, values)  # a later run's report at a step wins
-    out: dict[str, list[dict[str, Any]]] = {}
-    for g, by_step in reports.items():
-        curves: dict[str, MinMaxCurve] = {}
-        for steps, (_, values) in by_step.items():
-            for name, value in values.items():
-                curve = curves.get(name)
-                if curve is None:
-                    curve = curves[name] = MinMaxCurve(max_buckets=max(2, max_points // 2 - 1))
-                curve.add(steps, value)
-        keep = sorted({s for c in curves.values() for s, _ in c.points(max_points)})
-        out[g] = [
-            {"batches": s, "values": by_step[s][1], "time": by_step[s][0].isoformat().replace("+00:00", "Z")}
-            for s in keep
-        ]
-    return out
+    return {g: _downsampled(by_step, max_points) for g, by_step in reports.items()}
+
+
+def _downsampled(
+    by_step: dict[int, tuple[dt.datetime, dict[str, float]]], max_points: int
+) -> list[dict[str, Any]]:
+    """One group's reports by step, downsampled: each metric's min and max report per bucket, in step order."""
+    curves: dict[str, MinMaxCurve] = {}
+    for steps, (_, values) in by_step.items():
+        for name, value in values.items():
+            curve = curves.get(name)
+            if curve is None:
+                curve = curves[name] = MinMaxCurve(max_buckets=max(2, max_points // 2 - 1))
+            curve.add(steps, value)
+    keep = sorted({s for c in curves.values() for s, _ in c.points(max_points)})
+    return [
+        {"batches": s, "values": by_step[s][1], "time": by_step[s][0].isoformat().replace("+00:00", "Z")}
+        for s in keep
+    ]
 
 
 # ---------------------------------------------------------------- the cluster page's queue

@@ -8,6 +8,7 @@ a trial with many reports costs one narrow query per kind, not a full read.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -68,29 +69,39 @@ def list_workloads(
     keys: list[_Key] = []
     groups = _GROUPS[filter_option]
     if groups:
-        rows = session.execute(
-            select(MetricModel.id, MetricModel.steps_completed, MetricModel.group).where(
-                MetricModel.trial_id == trial_id, MetricModel.group.in_(groups)
-            )
-        )
-        keys += [_Key(steps, _KIND[group], metric_id=row_id) for row_id, steps, group in rows]
+        keys += _metric_keys(session, trial_id, groups)
     if filter_option != WorkloadFilter.VALIDATION:
-        stmt = select(CheckpointModel.uuid, CheckpointModel.steps_completed).where(
-            CheckpointModel.trial_id == trial_id
-        )
-        if remove_deleted:
-            stmt = stmt.where(CheckpointModel.state != "DELETED")
-        ckpts = session.execute(stmt)
-        keys += [_Key(steps, _KIND["checkpoint"], uuid=uuid) for uuid, steps in ckpts]
+        keys += _checkpoint_keys(session, trial_id, remove_deleted=remove_deleted)
     keys.sort(reverse=descending)
     page = keys[offset:] if limit <= 0 else keys[offset : offset + limit]
+    return WorkloadPage(items=_workloads(session, page), total=len(keys))
+
+
+def _metric_keys(session: Session, trial_id: int, groups: Sequence[str]) -> list[_Key]:
+    rows = session.execute(
+        select(MetricModel.id, MetricModel.steps_completed, MetricModel.group).where(
+            MetricModel.trial_id == trial_id, MetricModel.group.in_(groups)
+        )
+    )
+    return [_Key(steps, _KIND[group], metric_id=row_id) for row_id, steps, group in rows]
+
+
+def _checkpoint_keys(session: Session, trial_id: int, *, remove_deleted: bool) -> list[_Key]:
+    stmt = select(CheckpointModel.uuid, CheckpointModel.steps_completed).where(
+        CheckpointModel.trial_id == trial_id
+    )
+    if remove_deleted:
+        stmt = stmt.where(CheckpointModel.state != "DELETED")
+    ckpts = session.execute(stmt)
+    return [_Key(steps, _KIND["checkpoint"], uuid=uuid) for uuid, steps in ckpts]
+
+
+def _workloads(session: Session, page: list[_Key]) -> list[MetricModel | CheckpointModel]:
+    """The page's metric reports and checkpoints, in its order."""
     metric_ids = [k.metric_id for k in page if not k.uuid]
     uuids = [k.uuid for k in page if k.uuid]
     metrics = {m.id: m for m in session.scalars(select(MetricModel).where(MetricModel.id.in_(metric_ids)))}
     checkpoints = {
         c.uuid: c for c in session.scalars(select(CheckpointModel).where(CheckpointModel.uuid.in_(uuids)))
     }
-    items: list[MetricModel | CheckpointModel] = [
-        checkpoints[k.uuid] if k.uuid else metrics[k.metric_id] for k in page
-    ]
-    return WorkloadPage(items=items, total=len(keys))
+    return [checkpoints[k.uuid] if k.uuid else metrics[k.metric_id] for k in page]

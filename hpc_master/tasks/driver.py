@@ -35,7 +35,15 @@ from hpc_master.db.models import TaskModel, UserModel, utcnow
 from hpc_master.errors import ClientError
 from hpc_master.expconf.tasks import TaskType
 from hpc_master.lifecycle.outcomes import JobEnd, task_end
-from hpc_master.lifecycle.slurm_jobs import ByComment, JobToSubmit, Lost, Refused, SlurmJobs, Waits
+from hpc_master.lifecycle.slurm_jobs import (
+    ByComment,
+    JobToSubmit,
+    Lost,
+    Refused,
+    SlurmJobs,
+    SubmitResult,
+    Waits,
+)
 from hpc_master.lifecycle.waiting import SLURM_UNAVAILABLE
 from hpc_master.masterconf import MasterConfig
 from hpc_master.services.stored_config import task_config
@@ -130,38 +138,68 @@ class TaskDriver:
             pending = task.pending_reason
         comment = task_comment(self.cluster_id, task_id)
         as_user = self._account(unix_user)
-        if attempted:  # sbatch may have run before a crash: adopt its job rather than submit a second
-            if known is None or as_user not in known:
-                log.info("task %s: cannot ask Slurm for its job yet", task_id)
-                self._set_pending(task_id, SLURM_UNAVAILABLE)
-                return 0
-            found = known[as_user].get(comment)
-            if found:
-                log.info(
-                    "task %s: adopting Slurm job %s, submitted before the master restarted", task_id, found[0]
-                )
-                self._record_job(task_id, found[0])
-                return 0
+        # sbatch may have run before a crash: adopt its job rather than submit a second
+        if attempted and self._settled_by_comment(task_id, known, as_user, comment):
+            return 0
         if killed:
-            with self._tx() as s:
-                task = s.get(TaskModel, task_id)
-                if task is not None and task.state != TaskState.TERMINATED:
-                    svc.finish(task, exit_status="killed by the user before its job started")
+            self._end_killed(task_id)
             return 0
-        if self.slurm.unavailable():  # not even its files are written again while the controller is away
-            if pending != SLURM_UNAVAILABLE:
-                self._set_pending(task_id, SLURM_UNAVAILABLE)
+        if self._controller_away(task_id, pending):
             return 0
+        result = self._sbatch(task_id, owner_name, unix_user, as_user, comment)
+        return 0 if result is None else self._apply_submission(task_id, result)
+
+    def _settled_by_comment(
+        self, task_id: str, known: ByComment | None, as_user: str | None, comment: str
+    ) -> bool:
+        """Whether looking for the job of a task whose sbatch may have run settles it for this tick: it waits
+        (Slurm cannot be asked yet) or its job was found and adopted."""
+        if known is None or as_user not in known:
+            log.info("task %s: cannot ask Slurm for its job yet", task_id)
+            self._set_pending(task_id, SLURM_UNAVAILABLE)
+            return True
+        found = known[as_user].get(comment)
+        if found:
+            log.info(
+                "task %s: adopting Slurm job %s, submitted before the master restarted", task_id, found[0]
+            )
+            self._record_job(task_id, found[0])
+            return True
+        return False
+
+    def _end_killed(self, task_id: str) -> None:
+        """End a task killed before its job was submitted."""
+        with self._tx() as s:
+            task = s.get(TaskModel, task_id)
+            if task is not None and task.state != TaskState.TERMINATED:
+                svc.finish(task, exit_status="killed by the user before its job started")
+
+    def _controller_away(self, task_id: str, pending: str | None) -> bool:
+        """Whether the controller does not answer: the task then waits, saying so (not even its files are
+        written again while the controller is away)."""
+        if not self.slurm.unavailable():
+            return False
+        if pending != SLURM_UNAVAILABLE:
+            self._set_pending(task_id, SLURM_UNAVAILABLE)
+        return True
+
+    def _sbatch(
+        self, task_id: str, owner_name: str, unix_user: str | None, as_user: str | None, comment: str
+    ) -> SubmitResult | None:
+        """Write the task's files and sbatch its job; None when it could not be prepared (the task failed)."""
         with self.as_user.batch(as_user):  # its files and its sbatch: one helper process
             try:
                 plan = self._prepare(task_id, owner_name, unix_user)
             except (ClientError, OSError) as e:
                 self._fail(task_id, f"cannot submit: {e}")
-                return 0
+                return None
             spec = plan.spec
-            result = self.slurm.submit(
+            return self.slurm.submit(
                 JobToSubmit(plan.script, comment, as_user, (as_user, spec.account, spec.qos, spec.partition))
             )
+
+    def _apply_submission(self, task_id: str, result: SubmitResult) -> int:
+        """Record what sbatch said (a job, a wait, a refusal or a lost submission); 1 for a job, else 0."""
         if isinstance(result, Waits):
             log.info("task %s waits: %s", task_id, result.reason)
             self._set_pending(task_id, result.reason)
@@ -306,37 +344,28 @@ class TaskDriver:
         return JobOwner(self._account(unix))
 
     def _update(self, task_id: str, status: JobStatus, owner: JobOwner | None = None) -> None:
-        discover: tuple[str, str, str] | None = None
         with self._tx() as s:
             task = s.get(TaskModel, task_id)
             if task is None:
                 return
-            if (
-                status.outcome is Outcome.RUNNING
-                and task.service_address is None
-                and TaskType(task.task_type) in SERVICE_TYPES
-            ):
-                discover = (task.run_dir, status.node_list or task.node_list or "", task.service_token or "")
-            if status.outcome is Outcome.RUNNING:
-                if task.state == TaskState.QUEUED:
-                    task.state = TaskState.RUNNING.value
-                if status.node_list and task.node_list != status.node_list:
-                    task.node_list = status.node_list
-                if task.pending_reason is not None:
-                    task.pending_reason = None
-            elif status.outcome is Outcome.PENDING and task.pending_reason != status.reason:
-                task.pending_reason = status.reason
+            discover = _to_discover(task, status)
+            _apply_live_status(task, status)
         if discover is not None:
-            run_dir, nodes, token = discover
-            service_file = posixpath.join(run_dir, SERVICE_FILE)
-            address = service_address(self.files, service_file, nodes, task_id, token, owner=owner)
-            if address is not None:
-                with self._tx() as s:
-                    task = s.get(TaskModel, task_id)
-                    if task is not None and task.state == TaskState.RUNNING:
-                        task.service_address = address
-                        task.last_activity = utcnow()
-                log.info("task %s: its server answers at %s", task_id, address)
+            self._discover_address(task_id, discover, owner)
+
+    def _discover_address(self, task_id: str, discover: tuple[str, str, str], owner: JobOwner | None) -> None:
+        """Record the address of a running service task's server once it answers (`discover`: its run
+        directory, nodes and token)."""
+        run_dir, nodes, token = discover
+        service_file = posixpath.join(run_dir, SERVICE_FILE)
+        address = service_address(self.files, service_file, nodes, task_id, token, owner=owner)
+        if address is not None:
+            with self._tx() as s:
+                task = s.get(TaskModel, task_id)
+                if task is not None and task.state == TaskState.RUNNING:
+                    task.service_address = address
+                    task.last_activity = utcnow()
+            log.info("task %s: its server answers at %s", task_id, address)
 
     def end_idle(self, now: dt.datetime | None = None) -> int:
         """Kill the notebooks and TensorBoards that had no traffic through the proxy for their idle timeout
@@ -374,6 +403,30 @@ class TaskDriver:
         log.info("task %s (job %s) ended: %s", task_id, status.job_id, words)
 
 
+def _to_discover(task: TaskModel, status: JobStatus) -> tuple[str, str, str] | None:
+    """(run directory, nodes, token) of a running service task whose server's address is not known yet."""
+    if (
+        status.outcome is Outcome.RUNNING
+        and task.service_address is None
+        and TaskType(task.task_type) in SERVICE_TYPES
+    ):
+        return (task.run_dir, status.node_list or task.node_list or "", task.service_token or "")
+    return None
+
+
+def _apply_live_status(task: TaskModel, status: JobStatus) -> None:
+    """What Slurm says of a live task's job: running (where), or pending (why)."""
+    if status.outcome is Outcome.RUNNING:
+        if task.state == TaskState.QUEUED:
+            task.state = TaskState.RUNNING.value
+        if status.node_list and task.node_list != status.node_list:
+            task.node_list = status.node_list
+        if task.pending_reason is not None:
+            task.pending_reason = None
+    elif status.outcome is Outcome.PENDING and task.pending_reason != status.reason:
+        task.pending_reason = status.reason
+
+
 def idle_timeout_s(task: TaskModel, tensorboard_timeout_s: int | None) -> int | None:
     seconds = task_config(task).idle_timeout_s()
     if seconds is not None:
@@ -407,6 +460,13 @@ def service_address(
     port = info.get("port")
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         return None
+    if not _proves_token(host, port, task_id, token, timeout_s):
+        return None
+    return f"{host}:{port}"
+
+
+def _proves_token(host: str, port: int, task_id: str, token: str, timeout_s: float) -> bool:
+    """Whether the door at ``host:port`` answers a fresh nonce with HMAC(token, nonce)."""
     nonce = secrets.token_hex(16)
     conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
@@ -414,13 +474,13 @@ def service_address(
         response = conn.getresponse()
         answer = response.read(256)
     except (OSError, http.client.HTTPException):
-        return None
+        return False
     finally:
         conn.close()
     if response.status != 200 or not hmac.compare_digest(answer, proof(token, nonce).encode()):
         log.warning("task %s: %s:%s does not prove it is the task's server", task_id, host, port)
-        return None
-    return f"{host}:{port}"
+        return False
+    return True
 
 
 def write_task_dir(

@@ -35,7 +35,26 @@ def logdir_spec(
     ``exp-E/trial-T``) and the experiments it covers."""
     if not experiment_ids and not trial_ids:
         raise ClientError("name experiments (det tensorboard start 3 4) or trials (--trial-ids 12 13)")
-    rows: dict[int, int] = {}  # trial → experiment
+    rows = _trials_asked(session, experiment_ids, trial_ids)
+    if len(rows) > MAX_TRIALS:
+        raise ClientError(f"{len(rows)} trials: one TensorBoard serves at most {MAX_TRIALS}")
+    specs: list[str] = []
+    roots: dict[int, str] = {}
+    for trial_id, exp_id in sorted(rows.items()):
+        if exp_id not in roots:
+            roots[exp_id] = _checkpoint_root(session, principal, exp_id, default_root)
+        path = tensorboard_path(roots[exp_id], exp_id, trial_id)
+        if "," in path or ":" in path:
+            raise ClientError(f"TensorBoard cannot take the path {path!r} (it holds ',' or ':')")
+        specs.append(f"exp-{exp_id}/trial-{trial_id}:{path}")
+    return [f"--logdir_spec={','.join(specs)}"], sorted(set(rows.values()))
+
+
+def _trials_asked(
+    session: Session, experiment_ids: Sequence[int], trial_ids: Sequence[int]
+) -> dict[int, int]:
+    """Trial → experiment, for every trial of `experiment_ids` and each of `trial_ids`."""
+    rows: dict[int, int] = {}
     for exp_id in experiment_ids:
         if session.get(ExperimentModel, exp_id) is None:
             raise NotFoundError(f"experiment {exp_id} not found")
@@ -46,25 +65,19 @@ def logdir_spec(
         if trial is None:
             raise NotFoundError(f"trial {trial_id} not found")
         rows[trial_id] = trial.experiment_id
-    if len(rows) > MAX_TRIALS:
-        raise ClientError(f"{len(rows)} trials: one TensorBoard serves at most {MAX_TRIALS}")
-    specs: list[str] = []
-    roots: dict[int, str] = {}
-    for trial_id, exp_id in sorted(rows.items()):
-        if exp_id not in roots:
-            exp = session.get(ExperimentModel, exp_id)
-            assert exp is not None
-            if not principal.admin and exp.owner_id != principal.user_id:
-                raise NotFoundError(f"experiment {exp_id} not found among yours")
-            config = experiment_config(exp)
-            if isinstance(config.checkpoint_storage, DirectoryStorage):
-                raise ClientError(
-                    f"experiment {exp_id} keeps its files in a directory seen only inside its image "
-                    "(checkpoint_storage.type: directory), which a TensorBoard cannot read"
-                )
-            roots[exp_id] = checkpoint_root_of(config, default_root)
-        path = tensorboard_path(roots[exp_id], exp_id, trial_id)
-        if "," in path or ":" in path:
-            raise ClientError(f"TensorBoard cannot take the path {path!r} (it holds ',' or ':')")
-        specs.append(f"exp-{exp_id}/trial-{trial_id}:{path}")
-    return [f"--logdir_spec={','.join(specs)}"], sorted(set(rows.values()))
+    return rows
+
+
+def _checkpoint_root(session: Session, principal: Principal, exp_id: int, default_root: str) -> str:
+    """Where the experiment keeps its trials' files, once `principal` may see it (a user: their own)."""
+    exp = session.get(ExperimentModel, exp_id)
+    assert exp is not None
+    if not principal.admin and exp.owner_id != principal.user_id:
+        raise NotFoundError(f"experiment {exp_id} not found among yours")
+    config = experiment_config(exp)
+    if isinstance(config.checkpoint_storage, DirectoryStorage):
+        raise ClientError(
+            f"experiment {exp_id} keeps its files in a directory seen only inside its image "
+            "(checkpoint_storage.type: directory), which a TensorBoard cannot read"
+        )
+    return checkpoint_root_of(config, default_root)
