@@ -22,7 +22,7 @@ from hpc_master.services import checkpoints as ckpts
 from hpc_master.services import redact, workspaces
 from hpc_master.services.checkpoint_usage import StorageTotals
 from hpc_master.services.checkpoint_views import CheckpointView
-from hpc_master.services.stored_config import experiment_config
+from hpc_master.services.stored_config import experiment_config, shown_config
 from hpc_master.services.users import Principal
 
 # libyaml's safe dumper when PyYAML has it (same text, ~5x faster: a page of other users' experiments dumps
@@ -78,14 +78,14 @@ def experiment_to_api(
     config as ``redact.shown`` gives it (secret-looking values masked), and the original text as that masked
     config's YAML. `storage`: its checkpoints' totals (``checkpointSize``, ``checkpointCount``, ...), when the
     caller read them."""
-    typed = experiment_config(experiment)
-    searcher = typed.searcher
+    typed = shown_config(experiment)  # None: a config this master refuses, listed without what it says
+    searcher = typed.searcher if typed is not None else None
     workspace, project = workspaces.names_of(typed)
     out: dict[str, Any] = {
         "id": experiment.id,
         "name": experiment.name,
         "description": experiment.description,
-        "labels": list(typed.labels),
+        "labels": list(typed.labels) if typed is not None else [],
         "state": api_state(experiment.state),
         "archived": experiment.archived,
         "startTime": iso(experiment.start_time),

@@ -24,7 +24,7 @@ from hpc_master.expconf import ExperimentConfig
 from hpc_master.services.common import get_or_404
 from hpc_master.services.experiments import searcher_metric
 from hpc_master.services.metrics import metric_value
-from hpc_master.services.stored_config import experiment_config
+from hpc_master.services.stored_config import experiment_config, shown_config
 
 SORT_ATTRS = (
     "SORT_BY_UNSPECIFIED",
@@ -124,7 +124,7 @@ def _views(session: Session, where: ColumnElement[bool]) -> list[CheckpointView]
         e.id: e
         for e in session.scalars(select(ExperimentModel).where(ExperimentModel.id.in_(experiment_ids)))
     }
-    metric_names = {i: searcher_metric(experiment_config(e))[0] for i, e in experiments.items()}
+    metric_names = {i: searcher_metric(shown_config(e))[0] for i, e in experiments.items()}
     out = []
     for ckpt, trial, metrics in rows.values():
         name = metric_names[trial.experiment_id]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -31,6 +32,7 @@ from hpc_master.errors import ClientError
 from hpc_master.expconf import ExperimentConfig, ExperimentConfigError, parse_experiment_config
 from hpc_master.expconf.tasks import TaskConfig, TaskType, parse_task_config
 
+log = logging.getLogger(__name__)
 MAX_ENTRIES = 512
 """Kept configs per kind (experiments, tasks); past it, the oldest kept is dropped. A kept config is about 40
 objects that every full garbage collection walks: 512 of them are the active experiments of a busy master."""
@@ -45,6 +47,8 @@ _tasks: dict[str, _Kept[TaskConfig]] = {}
 _lock = threading.Lock()
 """Reads take no lock (a dict lookup is atomic); writes do. A read allocates nothing on a hit: on the list
 routes it runs once per row, and every allocation brings the next full garbage collection nearer."""
+_refused: set[int] = set()
+"""Experiments whose refused config `shown_config` has logged."""
 stats = {"parses": 0, "hits": 0}
 """How many stored configs were parsed, and how many reads were answered from the cache (tests, benches)."""
 
@@ -78,6 +82,20 @@ def experiment_config(experiment: ExperimentModel) -> ExperimentConfig:
     typed = _parse(raw, f"experiment {experiment.id}", parse_experiment_config)
     _keep(_experiments, experiment.id, experiment.start_time, raw, typed)
     return typed
+
+
+def shown_config(experiment: ExperimentModel) -> ExperimentConfig | None:
+    """The typed config for what a listing shows of an experiment (its searcher, labels, workspace), or None
+    when this master refuses the stored config: one such row (from an older master) must not fail a listing
+    of everyone's experiments. Said once per experiment in the master's log; the experiment's own routes
+    answer `StoredConfigError`."""
+    try:
+        return experiment_config(experiment)
+    except StoredConfigError as err:
+        if experiment.id not in _refused:
+            _refused.add(experiment.id)
+            log.warning("%s (shown without it in listings)", err.message)
+        return None
 
 
 def task_config(task: TaskModel) -> TaskConfig:

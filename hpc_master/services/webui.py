@@ -26,7 +26,7 @@ from hpc_master.services.curves import numeric_metrics
 from hpc_master.services.downsample import MinMaxCurve
 from hpc_master.services.experiments import normalise_states, searcher_metric
 from hpc_master.services.states import LIVE_RUN_STATES
-from hpc_master.services.stored_config import experiment_config
+from hpc_master.services.stored_config import experiment_config, shown_config
 from searcher.base import WORST_METRIC
 
 EXPERIMENT_SORTS: dict[str, Any] = {
@@ -102,7 +102,7 @@ def _experiment_rows(session: Session, page: list[Any]) -> list[ExperimentRow]:
     rows = []
     for experiment, username in page:
         count, low, high = stats.get(experiment.id, (0, None, None))
-        _, smaller = searcher_metric(experiment_config(experiment))
+        _, smaller = searcher_metric(shown_config(experiment))
         rows.append(ExperimentRow(experiment, username, int(count), low if smaller else high))
     return rows
 

@@ -25,8 +25,10 @@ PROJECT_KEY = "UNCAT"
 _STATE = "WORKSPACE_STATE_UNSPECIFIED"
 
 
-def names_of(config: ExperimentConfig) -> tuple[str, str]:
+def names_of(config: ExperimentConfig | None) -> tuple[str, str]:
     """The workspace and project names an experiment's config gives, or the defaults."""
+    if config is None:
+        return DEFAULT_NAME, DEFAULT_NAME
     return config.workspace or DEFAULT_NAME, config.project or DEFAULT_NAME
 
 

@@ -16,7 +16,7 @@ from hpc_master.services import stored_config
 from hpc_master.services.checkpoint_gc import plan_collection
 from hpc_master.services.lifecycle import request_checkpoint_gc
 from hpc_master.services.stored_config import StoredConfigError, edited_config, experiment_config
-from tests.master.helpers import create_experiment, login, make_user
+from tests.master.helpers import CONFIG, create_experiment, login, make_user
 
 
 def _read(sessions: sessionmaker[Session], exp_id: int) -> ExperimentConfig:
@@ -99,3 +99,25 @@ def test_checkpoint_gc_keeps_the_checkpoints_of_an_experiment_whose_config_it_re
     assert sorted(taken) == sorted([bad, good])
     with sessions() as s:  # both requests were taken: the bad one does not come back every pass
         assert s.scalar(select(func.count()).select_from(CheckpointGCRequestModel)) == 0
+
+
+def test_one_refused_config_does_not_fail_a_listing_of_everyones_experiments(
+    client: TestClient, sessions: sessionmaker[Session], caplog: pytest.LogCaptureFixture
+) -> None:
+    admin = login(client)
+    alice, bob = make_user(client, admin, "alice"), make_user(client, admin, "bob")
+    old = create_experiment(client, alice, CONFIG + "labels: [old]\n")
+    fine = create_experiment(client, bob, CONFIG + "labels: [new]\n")
+    with sessions() as s, s.begin():
+        experiment = s.get(ExperimentModel, old)
+        assert experiment is not None
+        experiment.config = {**experiment.config, "max_restarts": "many"}  # as an older master stored it
+    stored_config.forget()
+    for _ in range(2):
+        r = client.get("/api/v1/experiments", headers=admin)
+        assert r.status_code == 200, r.text
+        shown = {e["id"]: e for e in r.json()["experiments"]}
+        assert shown[fine]["labels"] == ["new"] and shown[fine]["searcherMetric"] == "validation_loss"
+        assert shown[old]["labels"] == [] and shown[old]["searcherType"] == ""  # listed, without what it says
+    said = [r.message for r in caplog.records if f"experiment {old}'s stored config" in r.message]
+    assert len(said) == 1, said  # once, not on every listing
