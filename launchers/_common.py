@@ -14,6 +14,8 @@ import time
 import types
 from collections.abc import Callable, Iterator
 
+from harness.exec.child_wait import wait_child
+
 FORWARDED_SIGNALS = (
     signal.SIGTERM,
     signal.SIGINT,
@@ -206,7 +208,7 @@ def run_and_report(
                 proc.send_signal(signum)
 
     with forward_signals(forward):
-        rc = exit_code_of(proc.wait())
+        rc = exit_code_of(wait_child(proc))
     if rc != 0:
         failure = first_failure(exit_dir)
         if failure is not None:

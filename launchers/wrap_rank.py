@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 
+from harness.exec.child_wait import wait_child
 from launchers._common import STOP_SIGNALS, exit_code_of, failed_peer, forward_signals, record_exit
 
 MAX_LINE = 65536
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     with forward_signals(forward):
         for t in threads:
             t.start()
-        rc = exit_code_of(proc.wait())
+        rc = exit_code_of(wait_child(proc))
         if killer is not None:
             killer.cancel()
         for t in threads:

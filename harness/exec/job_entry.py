@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 
 from harness.exec import job_plan as plan_files
 from harness.exec._job_unpack import DEFAULT_MAX_BYTES, UnsafeArchiveError, fingerprint, unpack_context
+from harness.exec.child_wait import wait_child
 from harness.exec.job_contract import ClusterInfoDoc, ContractError, ExitRecord, JobPlan
 from harness.exec.job_nodes import NodeListError, container_addrs
 
@@ -235,7 +236,7 @@ class Supervisor:
             raise JobEntryError(f"cannot start {argv[0]!r}: {e.strerror}", "entrypoint") from None
         for signum in list(self.received):  # arrived between fork and now
             self._forward(signum)
-        rc = self.child.wait()
+        rc = wait_child(self.child)
         self.killed_by = -rc if rc < 0 else None
         return 128 - rc if rc < 0 else rc
 
