@@ -42,9 +42,9 @@ from hpc_master.services.users import Principal
 
 @dataclass(frozen=True)
 class ParsedConfig:
-    config: dict[str, Any]  # as stored: the completed config's ``to_dict()``
+    typed: ExperimentConfig  # the completed config
+    config: dict[str, Any]  # as stored: its ``to_dict()``
     warnings: list[str] = field(default_factory=list)
-    typed: ExperimentConfig | None = None  # the completed config itself
 
 
 def parse_config(text: str, master: MasterConfig | None = None) -> ParsedConfig:
@@ -55,7 +55,7 @@ def parse_config(text: str, master: MasterConfig | None = None) -> ParsedConfig:
     `master` None (tests, tools): the built-in master defaults and a stand-in pool."""
     checked = load_experiment_config(text, master)
     return ParsedConfig(
-        config=checked.config.to_dict(), warnings=list(checked.warnings), typed=checked.config
+        typed=checked.config, config=checked.config.to_dict(), warnings=list(checked.warnings)
     )
 
 
@@ -96,7 +96,6 @@ def create_experiment(
     if validate_only:
         return None, parsed
     typed = parsed.typed
-    assert typed is not None
     pool = typed.resources.resource_pool
     experiment = ExperimentModel(
         owner_id=principal.user_id,

@@ -11,9 +11,9 @@ default and one meaning (``max_restarts``, ``resources.slots_per_trial``, the se
 else in the master.
 
 Parsing costs 0.1 to 0.8 ms, and the list and ingest routes read the same experiments again and again, so
-the typed config is kept per (kind, id, start time; SQLite may give a deleted experiment's id to the next one)
-beside the sections of the raw config that ``PATCH`` may change (`EDITABLE`): a hit compares those, not the
-whole dict. After create, a stored config is written here only (`edited_config`; the writers are checked by
+the typed config is kept by id, beside the row's start time (SQLite may give a deleted experiment's id to the
+next one) and the sections of the raw config that ``PATCH`` may change (`EDITABLE`): a hit compares those, not
+the whole dict. After create, a stored config is written here only (`edited_config`; the writers are checked by
 ``tests/unit/test_stored_config_reads.py``); a task's never changes. The typed config is shared: callers must
 not change it.
 """
@@ -136,6 +136,7 @@ def forget() -> None:
     with _lock:
         _experiments.clear()
         _tasks.clear()
+        _refused.clear()
 
 
 def edited_config(

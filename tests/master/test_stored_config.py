@@ -82,7 +82,7 @@ def test_a_stored_config_this_master_refuses_is_an_error_naming_the_experiment_a
     assert err.value.code == "invalid_stored_config"
 
 
-def test_checkpoint_gc_keeps_the_checkpoints_of_an_experiment_whose_config_it_refuses(
+def test_checkpoint_gc_skips_an_experiment_whose_config_it_refuses_and_takes_its_request(
     client: TestClient, sessions: sessionmaker[Session], tmp_path: Path
 ) -> None:
     alice = make_user(client, login(client), "alice")
