@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from hpc_master import owner_key
-from hpc_master.api import convert, session_cookie
+from hpc_master.api import convert, responses, session_cookie
 from hpc_master.api.bounds import Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal, request_token
 from hpc_master.api.schemas import LoginRequest, PatchUserRequest, PostUserRequest
@@ -22,7 +22,7 @@ from hpc_master.version import master_version
 router = APIRouter(prefix="/api/v1", tags=["auth"])
 
 
-@router.get("/master")
+@router.get("/master", response_model=responses.MasterInfo)
 def master_info(state: State) -> dict[str, Any]:
     """Unauthenticated health and identity."""
     return {
@@ -40,7 +40,7 @@ def master_info(state: State) -> dict[str, Any]:
     }
 
 
-@router.post("/auth/login")
+@router.post("/auth/login", response_model=responses.Login)
 def login(
     body: LoginRequest, request: Request, response: Response, state: State, cookie: bool = False
 ) -> dict[str, Any]:
@@ -87,7 +87,7 @@ def login(
     return answer
 
 
-@router.post("/auth/logout")
+@router.post("/auth/logout", response_model=responses.Empty)
 def logout(request: Request, response: Response, principal: UserPrincipal, state: State) -> dict[str, Any]:
     with state.tx() as session:
         users.logout(session, request_token(request), state.tokens)
@@ -96,13 +96,13 @@ def logout(request: Request, response: Response, principal: UserPrincipal, state
     return {}
 
 
-@router.get("/me")
+@router.get("/me", response_model=responses.UserAnswer)
 def me(principal: UserPrincipal, state: State) -> dict[str, Any]:
     with state.tx() as session:
         return {"user": convert.user_to_api(get_or_404(session, UserModel, principal.user_id, "user"))}
 
 
-@router.get("/users")
+@router.get("/users", response_model=responses.Users)
 def list_users(
     principal: UserPrincipal, state: State, active: bool | None = None, offset: Offset = 0, limit: Limit = 0
 ) -> dict[str, Any]:
@@ -114,7 +114,7 @@ def list_users(
     return {"users": page, "pagination": convert.pagination(offset, limit, len(rows), len(page))}
 
 
-@router.post("/users")
+@router.post("/users", response_model=responses.UserAnswer)
 def create_user(body: PostUserRequest, principal: UserPrincipal, state: State) -> dict[str, Any]:
     unix = body.user.unix_username or (body.user.agent_user_group or {}).get("agentUser")
     with state.tx() as session:
@@ -133,7 +133,7 @@ def create_user(body: PostUserRequest, principal: UserPrincipal, state: State) -
         return {"user": convert.user_to_api(user)}
 
 
-@router.patch("/users/{user_id}")
+@router.patch("/users/{user_id}", response_model=responses.UserAnswer)
 def patch_user(
     user_id: Id, body: PatchUserRequest, request: Request, principal: UserPrincipal, state: State
 ) -> dict[str, Any]:

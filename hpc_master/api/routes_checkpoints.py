@@ -19,7 +19,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 
-from hpc_master.api import convert
+from hpc_master.api import convert, responses
 from hpc_master.api.bounds import Count32, Id, Limit, Offset
 from hpc_master.api.deps import AnyPrincipal, State, UserPrincipal, check_checkpoint_access
 from hpc_master.api.schemas import DeleteCheckpointsRequest, PatchExperimentRequest
@@ -42,7 +42,7 @@ legacy = APIRouter(include_in_schema=False)
 """Determined's own CLI asks for ``/experiments/{id}/preview_gc`` (no ``/api/v1``)."""
 
 
-@router.patch("/experiments/{experiment_id}")
+@router.patch("/experiments/{experiment_id}", response_model=responses.ExperimentAnswer)
 def patch(
     experiment_id: Id, body: PatchExperimentRequest, principal: UserPrincipal, state: State
 ) -> dict[str, Any]:
@@ -75,8 +75,8 @@ def patch(
     return answer
 
 
-@router.get("/experiments/{experiment_id}/preview_gc")
-@legacy.get("/experiments/{experiment_id}/preview_gc")
+@router.get("/experiments/{experiment_id}/preview_gc", response_model=responses.PreviewGC)
+@legacy.get("/experiments/{experiment_id}/preview_gc", response_model=responses.PreviewGC)
 def preview_gc(
     experiment_id: Id,
     principal: UserPrincipal,
@@ -118,7 +118,7 @@ def _previewed(p: gc.Previewed) -> dict[str, Any]:
     }
 
 
-@router.delete("/checkpoints")
+@router.delete("/checkpoints", response_model=responses.DeletedCheckpoints)
 def delete_checkpoints(
     body: DeleteCheckpointsRequest, principal: AnyPrincipal, state: State
 ) -> dict[str, Any]:
@@ -175,7 +175,7 @@ def _listing(
     )  # fmt: skip
 
 
-@router.get("/experiments/{experiment_id}/checkpoints")
+@router.get("/experiments/{experiment_id}/checkpoints", response_model=responses.Checkpoints)
 def experiment_checkpoints(
     experiment_id: Id,
     state: State,
@@ -197,7 +197,7 @@ def experiment_checkpoints(
     return {"checkpoints": items, "pagination": convert.pagination(offset, limit, page.total, len(items))}
 
 
-@router.get("/trials/{trial_id}/checkpoints")
+@router.get("/trials/{trial_id}/checkpoints", response_model=responses.Checkpoints)
 def trial_checkpoints(
     trial_id: Id,
     state: State,

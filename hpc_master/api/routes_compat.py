@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import select
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hpc_master.api import convert
+from hpc_master.api import convert, responses
 from hpc_master.api.bounds import Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal, request_token
 from hpc_master.auth import hash_token
@@ -35,7 +35,7 @@ router = APIRouter(tags=["determined-compat"])
 api = APIRouter(prefix="/api/v1", tags=["determined-compat"])
 
 
-@router.get("/info")
+@router.get("/info", response_model=responses.Info)
 def info(state: State) -> dict[str, Any]:
     """Determined's unauthenticated master info. ``version`` is the Determined release whose client this
     master answers (a lower one would make that client warn "Consider upgrading the master" at every
@@ -53,7 +53,7 @@ def info(state: State) -> dict[str, Any]:
     }
 
 
-@api.get("/users/{username}/by-username")
+@api.get("/users/{username}/by-username", response_model=responses.UserAnswer)
 def user_by_username(username: str, principal: UserPrincipal, state: State) -> dict[str, Any]:
     with state.tx() as session:
         user = session.scalar(select(UserModel).where(UserModel.username == username))
@@ -62,13 +62,13 @@ def user_by_username(username: str, principal: UserPrincipal, state: State) -> d
         return {"user": convert.user_to_api(user)}
 
 
-@api.get("/users/{user_id}")
+@api.get("/users/{user_id}", response_model=responses.UserAnswer)
 def get_user(user_id: Id, principal: UserPrincipal, state: State) -> dict[str, Any]:
     with state.tx() as session:
         return {"user": convert.user_to_api(get_or_404(session, UserModel, user_id, "user"))}
 
 
-@api.post("/users/{user_id}/password")
+@api.post("/users/{user_id}/password", response_model=responses.UserAnswer)
 def set_user_password(
     user_id: Id,
     password: Annotated[str, Body(max_length=1024)],
@@ -91,7 +91,7 @@ def set_user_password(
         return {"user": convert.user_to_api(user)}
 
 
-@api.get("/trials/{trial_id}/workloads")
+@api.get("/trials/{trial_id}/workloads", response_model=responses.Workloads)
 def trial_workloads(
     trial_id: Id,
     principal: UserPrincipal,

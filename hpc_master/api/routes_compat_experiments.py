@@ -21,6 +21,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Response
 from sqlalchemy.orm import Session
 
+from hpc_master.api import responses
 from hpc_master.api.bounds import Id
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.schemas import ApiModel
@@ -53,7 +54,7 @@ def _stored_context(session: Session, principal: Principal, experiment_id: int) 
     return archive
 
 
-@router.get("/experiments/{experiment_id}/model_def")
+@router.get("/experiments/{experiment_id}/model_def", response_model=responses.ModelDef)
 def model_def(experiment_id: Id, principal: UserPrincipal, state: State) -> Response:
     with state.tx() as session:
         archive = _stored_context(session, principal, experiment_id)
@@ -62,14 +63,14 @@ def model_def(experiment_id: Id, principal: UserPrincipal, state: State) -> Resp
     return Response(content=body, media_type="application/json")
 
 
-@router.get("/experiments/{experiment_id}/file_tree")
+@router.get("/experiments/{experiment_id}/file_tree", response_model=responses.FileTree)
 def file_tree(experiment_id: Id, principal: UserPrincipal, state: State) -> dict[str, Any]:
     with state.tx() as session:
         archive = _stored_context(session, principal, experiment_id)
     return {"files": ctx.context_tree(archive)}
 
 
-@router.post("/experiments/{experiment_id}/file")
+@router.post("/experiments/{experiment_id}/file", response_model=responses.FileContent)
 def model_def_file(
     experiment_id: Id, body: ModelDefFileRequest, principal: UserPrincipal, state: State
 ) -> dict[str, Any]:
@@ -85,13 +86,13 @@ def model_def_file(
     return {"file": base64.b64encode(ctx.context_file(archive, body.path)).decode()}
 
 
-@router.put("/experiments/{experiment_id}/labels/{label}")
+@router.put("/experiments/{experiment_id}/labels/{label}", response_model=responses.Labels)
 def put_label(experiment_id: Id, label: LabelPath, principal: UserPrincipal, state: State) -> dict[str, Any]:
     with state.tx() as session:
         return {"labels": change_label(session, principal, experiment_id, label, add=True)}
 
 
-@router.delete("/experiments/{experiment_id}/labels/{label}")
+@router.delete("/experiments/{experiment_id}/labels/{label}", response_model=responses.Labels)
 def delete_label(
     experiment_id: Id, label: LabelPath, principal: UserPrincipal, state: State
 ) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
-from hpc_master.api import convert
+from hpc_master.api import convert, responses_ui
 from hpc_master.api.bounds import Id
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.streams import open_stream, stream_threads
@@ -101,7 +101,10 @@ def _stream(state: State, principal: UserPrincipal, trial_ids: list[int], group:
     return open_stream(state.streams, principal, stream_threads.iterate(pages()))
 
 
-@router.get("/trials/metrics/trial_metrics")
+@router.get(
+    "/trials/metrics/trial_metrics",
+    **responses_ui.ndjson(responses_ui.MetricsPageLine),
+)
 def trial_metrics(
     state: State,
     principal: UserPrincipal,
@@ -113,7 +116,10 @@ def trial_metrics(
     return _stream(state, principal, _readable_trials(state, principal, trial_ids), group)
 
 
-@router.get("/trials/metrics/training_metrics")
+@router.get(
+    "/trials/metrics/training_metrics",
+    **responses_ui.ndjson(responses_ui.MetricsPageLine),
+)
 def training_metrics(
     state: State,
     principal: UserPrincipal,
@@ -122,7 +128,10 @@ def training_metrics(
     return _stream(state, principal, _readable_trials(state, principal, trial_ids), "training")
 
 
-@router.get("/trials/metrics/validation_metrics")
+@router.get(
+    "/trials/metrics/validation_metrics",
+    **responses_ui.ndjson(responses_ui.MetricsPageLine),
+)
 def validation_metrics(
     state: State,
     principal: UserPrincipal,

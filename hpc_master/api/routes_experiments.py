@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from hpc_master.api import convert
+from hpc_master.api import convert, responses
 from hpc_master.api.bounds import Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.schemas import CreateExperimentRequest
@@ -46,7 +46,7 @@ def _trial_ids_of(session: Session, experiment_ids: list[int]) -> dict[int, list
     return out
 
 
-@router.post("/experiments")
+@router.post("/experiments", response_model=responses.CreatedExperiment)
 def create_experiment(
     body: CreateExperimentRequest, principal: UserPrincipal, state: State
 ) -> dict[str, Any]:
@@ -86,7 +86,7 @@ def create_experiment(
     return answer
 
 
-@router.get("/experiments")
+@router.get("/experiments", response_model=responses.Experiments)
 def list_experiments(
     state: State,
     principal: UserPrincipal,
@@ -135,7 +135,7 @@ def list_experiments(
     return {"experiments": items, "pagination": convert.pagination(offset, limit, total, len(items))}
 
 
-@router.get("/experiments/{experiment_id}")
+@router.get("/experiments/{experiment_id}", response_model=responses.ExperimentDetail)
 def get_experiment(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         experiment, username = exps.get_experiment(session, experiment_id)
@@ -161,41 +161,41 @@ def _action(
     return {}
 
 
-@router.post("/experiments/{experiment_id}/pause")
+@router.post("/experiments/{experiment_id}/pause", response_model=responses.Empty)
 def pause(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     return _action(state, principal, exps.pause_experiment, experiment_id)
 
 
-@router.post("/experiments/{experiment_id}/activate")
+@router.post("/experiments/{experiment_id}/activate", response_model=responses.Empty)
 def activate(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     return _action(state, principal, exps.activate_experiment, experiment_id)
 
 
-@router.post("/experiments/{experiment_id}/cancel")
+@router.post("/experiments/{experiment_id}/cancel", response_model=responses.Empty)
 def cancel(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     return _action(state, principal, exps.cancel_experiment, experiment_id)
 
 
-@router.post("/experiments/{experiment_id}/kill")
+@router.post("/experiments/{experiment_id}/kill", response_model=responses.Empty)
 def kill(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     return _action(state, principal, exps.kill_experiment, experiment_id)
 
 
-@router.post("/experiments/{experiment_id}/archive")
+@router.post("/experiments/{experiment_id}/archive", response_model=responses.Empty)
 def archive(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         exps.set_archived(session, principal, experiment_id, True)
     return {}
 
 
-@router.post("/experiments/{experiment_id}/unarchive")
+@router.post("/experiments/{experiment_id}/unarchive", response_model=responses.Empty)
 def unarchive(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         exps.set_archived(session, principal, experiment_id, False)
     return {}
 
 
-@router.delete("/experiments/{experiment_id}")
+@router.delete("/experiments/{experiment_id}", response_model=responses.Empty)
 def delete_experiment(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     """Remove the experiment's checkpoint files (as its owner's account, ``services.checkpoint_gc``), then its
     rows; if a directory cannot be removed, the experiment is DELETE_FAILED (delete it again to retry) and
@@ -222,7 +222,7 @@ def delete_experiment(experiment_id: Id, state: State, principal: UserPrincipal)
     return {}
 
 
-@router.get("/experiments/{experiment_id}/trials")
+@router.get("/experiments/{experiment_id}/trials", response_model=responses.Trials)
 def experiment_trials(
     experiment_id: Id, state: State, principal: UserPrincipal, offset: Offset = 0, limit: Limit = 0
 ) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from hpc_master.api import convert
+from hpc_master.api import convert, responses
 from hpc_master.api.bounds import AllocationId, Id, TimeoutSeconds
 from hpc_master.api.deps import AnyPrincipal, State, check_checkpoint_access, check_trial_access
 from hpc_master.api.fast_ingest import ingest_batch, reports_of
@@ -46,6 +46,7 @@ _BATCH_SCHEMA.pop("$defs", None)
 
 @router.post(
     "/trials/{trial_id}/metrics/batch",
+    response_model=responses.BatchAccepted,
     openapi_extra={
         "requestBody": {"required": True, "content": {"application/json": {"schema": _BATCH_SCHEMA}}}
     },
@@ -68,7 +69,7 @@ async def report_metrics_batch(
     return {"accepted": accepted, "duplicates": duplicates}
 
 
-@router.post("/trials/{trial_id}/metrics")
+@router.post("/trials/{trial_id}/metrics", response_model=responses.Empty)
 def report_metrics(
     trial_id: Id, body: ReportMetricsRequest, principal: AnyPrincipal, state: State
 ) -> dict[str, Any]:
@@ -80,7 +81,7 @@ def report_metrics(
     return {}
 
 
-@router.post("/checkpoints")
+@router.post("/checkpoints", response_model=responses.Empty)
 def report_checkpoint(body: ReportCheckpointRequest, principal: AnyPrincipal, state: State) -> dict[str, Any]:
     c = body.checkpoint
     steps = c.metadata.get("steps_completed", 0)
@@ -102,7 +103,7 @@ def report_checkpoint(body: ReportCheckpointRequest, principal: AnyPrincipal, st
     return {}
 
 
-@router.get("/checkpoints/{uuid}")
+@router.get("/checkpoints/{uuid}", response_model=responses.CheckpointAnswer)
 def get_checkpoint(uuid: str, principal: AnyPrincipal, state: State) -> dict[str, Any]:
     """Determined's ``GetCheckpoint`` (its client's ``det checkpoint describe|download``,
     ``client.get_checkpoint``), and the harness's read of a checkpoint's metadata."""
@@ -112,7 +113,7 @@ def get_checkpoint(uuid: str, principal: AnyPrincipal, state: State) -> dict[str
         return {"checkpoint": convert.checkpoint_to_api(view, principal, state.config.checkpoint_dir())}
 
 
-@router.post("/trials/{trial_id}/progress")
+@router.post("/trials/{trial_id}/progress", response_model=responses.Empty)
 def report_progress(
     trial_id: Id, body: ProgressRequest, principal: AnyPrincipal, state: State
 ) -> dict[str, Any]:
@@ -122,7 +123,7 @@ def report_progress(
     return {}
 
 
-@router.post("/trials/{trial_id}/runner/metadata")
+@router.post("/trials/{trial_id}/runner/metadata", response_model=responses.Empty)
 def runner_metadata(
     trial_id: Id, body: RunnerMetadataRequest, principal: AnyPrincipal, state: State
 ) -> dict[str, Any]:
@@ -132,7 +133,7 @@ def runner_metadata(
     return {}
 
 
-@router.post("/trials/{trial_id}/early_exit")
+@router.post("/trials/{trial_id}/early_exit", response_model=responses.Empty)
 def early_exit(trial_id: Id, body: EarlyExitRequest, principal: AnyPrincipal, state: State) -> dict[str, Any]:
     with state.tx() as session:
         check_trial_access(session, principal, trial_id, write=True)
@@ -140,7 +141,7 @@ def early_exit(trial_id: Id, body: EarlyExitRequest, principal: AnyPrincipal, st
     return {}
 
 
-@router.get("/allocations/{allocation_id}/signals/preemption")
+@router.get("/allocations/{allocation_id}/signals/preemption", response_model=responses.Preemption)
 async def preemption_signal(
     allocation_id: AllocationId,
     principal: AnyPrincipal,
@@ -181,7 +182,7 @@ async def _wait_for_preemption(
             return {"preempt": False}  # nobody is listening
 
 
-@router.post("/allocations/{allocation_id}/signals/ack_preemption")
+@router.post("/allocations/{allocation_id}/signals/ack_preemption", response_model=responses.Empty)
 def ack_preemption(allocation_id: AllocationId, principal: AnyPrincipal, state: State) -> dict[str, Any]:
     trial_id, run_number = harness.parse_allocation_id(allocation_id)
     if principal.trial_id != trial_id:
@@ -194,7 +195,7 @@ def ack_preemption(allocation_id: AllocationId, principal: AnyPrincipal, state: 
     return {}
 
 
-@router.get("/trials/{trial_id}/searcher/operation")
+@router.get("/trials/{trial_id}/searcher/operation", response_model=responses.SearcherOperation)
 async def searcher_operation(
     trial_id: Id,
     principal: AnyPrincipal,
@@ -245,7 +246,7 @@ def _op_answer(length: int | None, op_state: harness.OpState) -> dict[str, Any]:
     }
 
 
-@router.post("/trials/{trial_id}/searcher/completed_operation")
+@router.post("/trials/{trial_id}/searcher/completed_operation", response_model=responses.CompletedOperation)
 def completed_operation(
     trial_id: Id, body: CompletedOperationRequest, principal: AnyPrincipal, state: State
 ) -> dict[str, Any]:
@@ -264,7 +265,10 @@ def completed_operation(
     return {} if op_state is harness.OpState.WAITING else {"next": _op_answer(length, op_state)}
 
 
-@router.get("/experiments/{experiment_id}/searcher/best_searcher_validation_metric")
+@router.get(
+    "/experiments/{experiment_id}/searcher/best_searcher_validation_metric",
+    response_model=responses.BestMetric,
+)
 def best_searcher_validation_metric(
     experiment_id: Id, principal: AnyPrincipal, state: State
 ) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
+from hpc_master.api import responses, responses_ui
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.streams import open_stream
 from hpc_master.master_log import MASTER_LOG, MasterLog
@@ -22,7 +23,7 @@ FOLLOW_POLL_S = 0.25
 MAX_LOG_ENTRIES = 1_000_000  # the largest limit or |offset| accepted (the ring holds 10,000)
 
 
-@router.get("/master/config")
+@router.get("/master/config", response_model=responses.MasterConfigAnswer)
 async def get_master_config(state: State, principal: UserPrincipal) -> dict[str, Any]:
     """The effective configuration (file, environment and command line merged, defaults resolved), secrets
     masked. Admins only: it names the database, the storage paths and the cluster's pools."""
@@ -30,7 +31,7 @@ async def get_master_config(state: State, principal: UserPrincipal) -> dict[str,
     return {"config": effective_config(state.config)}
 
 
-@router.get("/master/logs")
+@router.get("/master/logs", **responses_ui.ndjson(responses_ui.MasterLogLine))
 async def master_logs(
     request: Request,
     state: State,

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from sqlalchemy.orm import Session
 
-from hpc_master.api import convert
+from hpc_master.api import convert, responses
 from hpc_master.api.bounds import Count32, Id, Int32, Limit
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.schemas import (
@@ -82,7 +82,7 @@ def _versions_json(
 # ---------------------------------------------------------------- models
 
 
-@router.get("/models")
+@router.get("/models", response_model=responses.Models)
 def get_models(
     state: State,
     principal: UserPrincipal,
@@ -123,7 +123,7 @@ def _require_the_workspace(name: str | None, ident: int | None) -> None:
         )
 
 
-@router.post("/models")
+@router.post("/models", response_model=responses.ModelAnswer)
 def post_model(body: PostModelRequest, state: State, principal: UserPrincipal) -> dict[str, Any]:
     _require_the_workspace(body.workspace_name, body.workspace_id)
     with state.tx() as session:
@@ -134,13 +134,13 @@ def post_model(body: PostModelRequest, state: State, principal: UserPrincipal) -
         return {"model": _model_json(session, model)}
 
 
-@router.get("/models/{model_name}")
+@router.get("/models/{model_name}", response_model=responses.ModelAnswer)
 def get_model(model_name: ModelName, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         return {"model": _model_json(session, reg.find_model(session, model_name))}
 
 
-@router.patch("/models/{model_name}")
+@router.patch("/models/{model_name}", response_model=responses.ModelAnswer)
 def patch_model(
     model_name: ModelName, body: PatchModelRequest, state: State, principal: UserPrincipal
 ) -> dict[str, Any]:
@@ -151,21 +151,21 @@ def patch_model(
         return {"model": _model_json(session, model)}
 
 
-@router.post("/models/{model_name}/archive")
+@router.post("/models/{model_name}/archive", response_model=responses.Empty)
 def archive_model(model_name: ModelName, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         reg.set_archived(session, principal, model_name, True)
     return {}
 
 
-@router.post("/models/{model_name}/unarchive")
+@router.post("/models/{model_name}/unarchive", response_model=responses.Empty)
 def unarchive_model(model_name: ModelName, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         reg.set_archived(session, principal, model_name, False)
     return {}
 
 
-@router.delete("/models/{model_name}")
+@router.delete("/models/{model_name}", response_model=responses.Empty)
 def delete_model(model_name: ModelName, state: State, principal: UserPrincipal) -> dict[str, Any]:
     """Delete the model and its versions; their checkpoints are collectible again (a GC is requested)."""
     with state.tx() as session:
@@ -174,7 +174,7 @@ def delete_model(model_name: ModelName, state: State, principal: UserPrincipal) 
     return {}
 
 
-@router.get("/model/labels")
+@router.get("/model/labels", response_model=responses.Labels)
 def get_model_labels(state: State, principal: UserPrincipal) -> dict[str, Any]:
     """Every label of every model, most used first (Determined's ``GetModelLabels``)."""
     with state.tx() as session:
@@ -184,7 +184,7 @@ def get_model_labels(state: State, principal: UserPrincipal) -> dict[str, Any]:
 # ---------------------------------------------------------------- versions
 
 
-@router.get("/models/{model_name}/versions")
+@router.get("/models/{model_name}/versions", response_model=responses.ModelVersions)
 def get_model_versions(
     model_name: ModelName,
     state: State,
@@ -205,7 +205,7 @@ def get_model_versions(
         }
 
 
-@router.post("/models/{model_name}/versions")
+@router.post("/models/{model_name}/versions", response_model=responses.ModelVersionAnswer)
 def post_model_version(
     model_name: ModelName, body: PostModelVersionRequest, state: State, principal: UserPrincipal
 ) -> dict[str, Any]:
@@ -225,7 +225,7 @@ def post_model_version(
         }
 
 
-@router.get("/models/{model_name}/versions/{model_version_num}")
+@router.get("/models/{model_name}/versions/{model_version_num}", response_model=responses.ModelVersionAnswer)
 def get_model_version(
     model_name: ModelName, model_version_num: Id, state: State, principal: UserPrincipal
 ) -> dict[str, Any]:
@@ -238,7 +238,9 @@ def get_model_version(
         }
 
 
-@router.patch("/models/{model_name}/versions/{model_version_num}")
+@router.patch(
+    "/models/{model_name}/versions/{model_version_num}", response_model=responses.ModelVersionAnswer
+)
 def patch_model_version(
     model_name: ModelName,
     model_version_num: Id,
@@ -257,7 +259,7 @@ def patch_model_version(
         }
 
 
-@router.delete("/models/{model_name}/versions/{model_version_num}")
+@router.delete("/models/{model_name}/versions/{model_version_num}", response_model=responses.Empty)
 def delete_model_version(
     model_name: ModelName, model_version_num: Id, state: State, principal: UserPrincipal
 ) -> dict[str, Any]:

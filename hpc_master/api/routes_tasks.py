@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path as PurePath
 from typing import Annotated, Any
 
@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from hpc_master.admission import admit_task
+from hpc_master.api import responses_tasks, responses_ui
 from hpc_master.api.bounds import Id, Limit, OptionalId
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.schemas import ApiModel, ModelDefinitionFile
@@ -139,6 +140,7 @@ def _tensorboard_args(
 def _add_typed_routes(plural: str, task_type: TaskType) -> None:
     """Determined's launch, list, get and kill routes of one task type (``/commands``, ``/notebooks``, …)."""
     key = task_type.lower()
+    shapes = responses_tasks.answers(key, plural)
 
     def launch_route(body: LaunchTaskRequest, state: State, principal: UserPrincipal) -> dict[str, Any]:
         return launch(state, principal, body, task_type)
@@ -172,10 +174,13 @@ def _add_typed_routes(plural: str, task_type: TaskType) -> None:
         notify.changed()
         return answer
 
-    router.add_api_route(f"/{plural}", launch_route, methods=["POST"], name=f"launch_{key}")
-    router.add_api_route(f"/{plural}", list_route, methods=["GET"], name=f"list_{plural}")
-    router.add_api_route(f"/{plural}/{{task_id}}", get_route, methods=["GET"], name=f"get_{key}")
-    router.add_api_route(f"/{plural}/{{task_id}}/kill", kill_route, methods=["POST"], name=f"kill_{key}")
+    def add(path: str, route: Callable[..., Any], method: str, name: str, shape: type[Any]) -> None:
+        router.add_api_route(path, route, methods=[method], name=name, response_model=shape)
+
+    add(f"/{plural}", launch_route, "POST", f"launch_{key}", shapes.launched)
+    add(f"/{plural}", list_route, "GET", f"list_{plural}", shapes.listed)
+    add(f"/{plural}/{{task_id}}", get_route, "GET", f"get_{key}", shapes.got)
+    add(f"/{plural}/{{task_id}}/kill", kill_route, "POST", f"kill_{key}", shapes.killed)
 
 
 _add_typed_routes("commands", TaskType.COMMAND)
@@ -184,7 +189,7 @@ _add_typed_routes("tensorboards", TaskType.TENSORBOARD)
 _add_typed_routes("shells", TaskType.SHELL)
 
 
-@router.get("/tasks")
+@router.get("/tasks", response_model=responses_tasks.AllocationSummaries)
 def list_tasks(state: State, principal: UserPrincipal) -> dict[str, Any]:
     """Determined's ``GetTasks``: the caller's tasks that have not ended (an admin's: everyone's), by
     allocation id."""
@@ -193,7 +198,7 @@ def list_tasks(state: State, principal: UserPrincipal) -> dict[str, Any]:
         return {"allocationIdToSummary": {f"{t.id}.1": svc.allocation_summary(t, u) for t, u in rows}}
 
 
-@router.get("/tasks/{task_id}")
+@router.get("/tasks/{task_id}", response_model=responses_tasks.GenericTaskAnswer)
 def get_task(task_id: TaskId, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         task = svc.get_task(session, principal, task_id)
@@ -222,7 +227,7 @@ def get_task(task_id: TaskId, state: State, principal: UserPrincipal) -> dict[st
         }
 
 
-@router.get("/tasks/{task_id}/logs")
+@router.get("/tasks/{task_id}/logs", **responses_ui.ndjson(responses_ui.TaskLogLine))
 async def task_logs(
     task_id: TaskId,
     state: State,

@@ -15,7 +15,7 @@ from pydantic import StringConstraints
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from hpc_master.api import convert
+from hpc_master.api import convert, responses, responses_ui
 from hpc_master.api.bounds import Count32, Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.streams import open_stream, stream_threads
@@ -34,7 +34,7 @@ router = APIRouter(prefix="/api/v1", tags=["trials"])
 LOG_POLL_INTERVAL_S = 0.5
 
 
-@router.get("/trials/{trial_id}")
+@router.get("/trials/{trial_id}", response_model=responses.TrialAnswer)
 def get_trial(trial_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         trial = get_or_404(session, TrialModel, trial_id, "trial")
@@ -50,7 +50,7 @@ def get_trial(trial_id: Id, state: State, principal: UserPrincipal) -> dict[str,
         return {"trial": convert.trial_to_api(trial, principal, owner_id, runs, storage=totals)}
 
 
-@router.post("/trials/{trial_id}/kill")
+@router.post("/trials/{trial_id}/kill", response_model=responses.Empty)
 def kill_trial(trial_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         exps.kill_trial(session, principal, trial_id)
@@ -65,7 +65,7 @@ def _metrics(state: State, trial_id: int, group: str | None, offset: int, limit:
         return {"metrics": [convert.metric_to_api(r) for r in rows]}
 
 
-@router.get("/trials/{trial_id}/metrics")
+@router.get("/trials/{trial_id}/metrics", response_model=responses.MetricReports)
 def trial_metrics(
     trial_id: Id,
     state: State,
@@ -77,12 +77,12 @@ def trial_metrics(
     return _metrics(state, trial_id, group, offset, limit)
 
 
-@router.get("/trials/{trial_id}/metrics/training_metrics")
+@router.get("/trials/{trial_id}/metrics/training_metrics", response_model=responses.MetricReports)
 def training_metrics(trial_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     return _metrics(state, trial_id, "training", 0, 0)
 
 
-@router.get("/trials/{trial_id}/metrics/validation_metrics")
+@router.get("/trials/{trial_id}/metrics/validation_metrics", response_model=responses.MetricReports)
 def validation_metrics(trial_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     return _metrics(state, trial_id, "validation", 0, 0)
 
@@ -117,7 +117,10 @@ def _refuse_unsupported(**given: object) -> None:
             )
 
 
-@router.get("/trials/{trial_id}/logs")
+@router.get(
+    "/trials/{trial_id}/logs",
+    **responses_ui.ndjson(responses_ui.TrialLogLine),
+)
 async def trial_logs(
     trial_id: Id,
     state: State,

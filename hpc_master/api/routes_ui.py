@@ -24,7 +24,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hpc_master.api import convert, routes_ui_live
+from hpc_master.api import convert, responses, responses_ui, routes_ui_live
 from hpc_master.api.bounds import INT32_MAX, Count64, Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.streams import open_stream, stream_threads
@@ -104,7 +104,10 @@ def _stream(
 # ---------------------------------------------------------------- Determined's metrics streams
 
 
-@router.get("/experiments/{experiment_id}/metrics-stream/metric-names")
+@router.get(
+    "/experiments/{experiment_id}/metrics-stream/metric-names",
+    **responses_ui.ndjson(responses_ui.MetricNamesLine),
+)
 async def metric_names(
     experiment_id: Id, request: Request, state: State, principal: UserPrincipal, period_s: PeriodSeconds = 0
 ) -> StreamingResponse:
@@ -139,7 +142,10 @@ def _owner_of(state: State, experiment_id: int) -> int:
         return owner_id_of(session, experiment_id)
 
 
-@router.get("/experiments/{experiment_id}/metrics-stream/trials-sample")
+@router.get(
+    "/experiments/{experiment_id}/metrics-stream/trials-sample",
+    **responses_ui.ndjson(responses_ui.TrialsSampleLine),
+)
 async def trials_sample(
     experiment_id: Id,
     request: Request,
@@ -237,7 +243,10 @@ def _best_trials(session: Any, experiment_id: int, ids: list[int], n: int) -> li
     return sorted(r[0] for r in rows[:n])
 
 
-@router.get("/experiments/{experiment_id}/metrics-stream/trials-snapshot")
+@router.get(
+    "/experiments/{experiment_id}/metrics-stream/trials-snapshot",
+    **responses_ui.ndjson(responses_ui.TrialsSnapshotLine),
+)
 async def trials_snapshot(
     experiment_id: Id,
     state: State,
@@ -277,7 +286,7 @@ async def trials_snapshot(
     return _stream(state, principal, snapshot, changed, period_s)
 
 
-@router.get("/trials/time-series")
+@router.get("/trials/time-series", response_model=responses_ui.TimeSeries)
 def trials_time_series(
     state: State,
     principal: UserPrincipal,
@@ -322,7 +331,7 @@ def _type_of(group: str) -> str:
 # ---------------------------------------------------------------- what only the UI asks
 
 
-@router.get("/webui/experiments")
+@router.get("/webui/experiments", response_model=responses_ui.UiExperiments)
 def ui_experiments(
     state: State,
     principal: UserPrincipal,
@@ -362,7 +371,7 @@ def ui_experiments(
     return {"experiments": items, "pagination": convert.pagination(offset, limit, total, len(items))}
 
 
-@router.get("/webui/experiments/{experiment_id}/trials")
+@router.get("/webui/experiments/{experiment_id}/trials", response_model=responses_ui.UiTrials)
 def ui_trials(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     """The trials table: each trial as ``GET /api/v1/experiments/{id}/trials`` has it, plus its current run
     (``slurmJobId``, ``nodeList``, ``runState``, live or not) and its latest validation (``latestValidation``:
@@ -379,7 +388,7 @@ def ui_trials(experiment_id: Id, state: State, principal: UserPrincipal) -> dict
     return {"trials": items}
 
 
-@router.get("/webui/experiments/{experiment_id}/rungs")
+@router.get("/webui/experiments/{experiment_id}/rungs", response_model=responses_ui.Rungs)
 def ui_rungs(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     """ASHA's brackets and rungs (``services.webui.searcher_rungs``): each rung's trials with their metric
     and ``status`` (promoted, paused — waiting for promotion —, running, stopped) and ``resumed``."""
@@ -388,7 +397,7 @@ def ui_rungs(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[
         return ui.searcher_rungs(session, experiment)
 
 
-@router.get("/webui/cluster")
+@router.get("/webui/cluster", response_model=responses_ui.Cluster)
 def ui_cluster(request: Request, state: State, principal: UserPrincipal) -> dict[str, Any]:
     """The cluster page: Slurm's partitions as ``resourcePools`` and its nodes as ``agents`` (Determined's
     names: a GPU is a slot; ``slotsAvailable`` counts a pool's GPUs, ``slotsUsed`` those jobs hold), read from
@@ -459,7 +468,7 @@ def cluster_to_api(view: ClusterView) -> dict[str, Any]:
     }
 
 
-@router.get("/webui/session")
+@router.get("/webui/session", response_model=responses.Session)
 def ui_session(state: State, principal: UserPrincipal) -> dict[str, Any]:
     """Who the browser is logged in as (the UI's first request; 401 sends it to the login page)."""
     with state.tx() as session:

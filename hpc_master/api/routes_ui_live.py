@@ -36,6 +36,7 @@ from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from hpc_master.api import responses_ui
 from hpc_master.api.bounds import Id
 from hpc_master.api.deps import State, UserPrincipal, get_principal
 from hpc_master.api.streams import open_stream, stream_threads
@@ -437,7 +438,7 @@ def _exists(state: State, model: type[ExperimentModel] | type[TrialModel], key: 
 # ---------------------------------------------------------------- routes
 
 
-@router.get("/changes")
+@router.get("/changes", **responses_ui.ndjson(responses_ui.ChangesLine))
 async def list_changes(
     request: Request, state: State, principal: UserPrincipal, follow: Follow = True
 ) -> StreamingResponse:
@@ -445,7 +446,10 @@ async def list_changes(
     return _changes(request, state, principal, ("list",), lambda: ListChanges(state.tx), follow)
 
 
-@router.get("/experiments/{experiment_id}/changes")
+@router.get(
+    "/experiments/{experiment_id}/changes",
+    **responses_ui.ndjson(responses_ui.ChangesLine),
+)
 async def experiment_changes(
     experiment_id: Id, request: Request, state: State, principal: UserPrincipal, follow: Follow = True
 ) -> StreamingResponse:
@@ -458,7 +462,10 @@ async def experiment_changes(
     )  # fmt: skip
 
 
-@router.get("/trials/{trial_id}/changes")
+@router.get(
+    "/trials/{trial_id}/changes",
+    **responses_ui.ndjson(responses_ui.ChangesLine),
+)
 async def trial_changes(
     trial_id: Id, request: Request, state: State, principal: UserPrincipal, follow: Follow = True
 ) -> StreamingResponse:

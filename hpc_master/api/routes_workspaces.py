@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from hpc_master.api import convert
+from hpc_master.api import convert, responses
 from hpc_master.api.bounds import Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.services import workspaces as ws
@@ -31,7 +31,7 @@ def _page(
     return page, convert.pagination(offset, limit, len(items), len(page))
 
 
-@router.get("/workspaces")
+@router.get("/workspaces", response_model=responses.Workspaces)
 def list_workspaces(
     state: State, principal: UserPrincipal, name: Name = None, offset: Offset = 0, limit: Limit = 0,
     name_case_sensitive: Annotated[str | None, Query(alias="nameCaseSensitive", max_length=256)] = None,
@@ -42,14 +42,14 @@ def list_workspaces(
     return {"workspaces": page, "pagination": pagination}
 
 
-@router.get("/workspaces/{workspace_id}")
+@router.get("/workspaces/{workspace_id}", response_model=responses.WorkspaceAnswer)
 def get_workspace(workspace_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     ws.require_default("workspace", workspace_id)
     with state.tx() as session:
         return {"workspace": ws.workspace_to_api(session, principal)}
 
 
-@router.get("/workspaces/{workspace_id}/projects")
+@router.get("/workspaces/{workspace_id}/projects", response_model=responses.Projects)
 def list_projects(
     workspace_id: Id, state: State, principal: UserPrincipal, name: Name = None, offset: Offset = 0,
     limit: Limit = 0,
@@ -61,7 +61,7 @@ def list_projects(
     return {"projects": page, "pagination": pagination}
 
 
-@router.get("/projects/{project_id}")
+@router.get("/projects/{project_id}", response_model=responses.ProjectAnswer)
 def get_project(project_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
     ws.require_default("project", project_id)
     with state.tx() as session:
