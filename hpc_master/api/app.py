@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi.exceptions import RequestValidationError, ResponseValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy import Engine
@@ -20,6 +20,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from hpc_master import owner_key
 from hpc_master.api import (
     proxy,
+    responses,
+    responses_ui,
     routes_auth,
     routes_checkpoints,
     routes_compat,
@@ -198,6 +200,16 @@ def install_error_handlers(app: FastAPI) -> None:
             400, "invalid_argument", str(first.get("msg")), _validation_field(tuple(first.get("loc", ())))
         )
 
+    @app.exception_handler(ResponseValidationError)
+    async def answer_off_shape(request: Request, exc: ResponseValidationError) -> JSONResponse:
+        # The answer the route built is not the shape it documents (``responses``): a bug of ours. Logged
+        # with where it differs, never with the values (they may be a user's secrets).
+        where = sorted({(".".join(map(str, e.get("loc", ()))), str(e.get("type"))) for e in exc.errors()})
+        log.error(
+            "%s %s: the answer is not its documented shape: %s", request.method, request.url.path, where
+        )
+        return _error(500, "internal", "the master built an answer that does not match its documented shape")
+
     @app.exception_handler(StaleDataError)
     async def stale(_request: Request, _exc: StaleDataError) -> JSONResponse:
         return _error(409, "stale", "the object changed concurrently; retry")
@@ -278,12 +290,14 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
         routes_compat_trials,  # Determined's trial metric streams (Trial.iter_metrics)
         routes_tasks,  # commands (and every task's list and logs)
     ):
-        app.include_router(module.router)
-    app.include_router(routes_checkpoints.legacy)  # before the UI's pages under /experiments/
-    app.include_router(routes_master.router)  # admins: GET /api/v1/master/config
+        app.include_router(module.router, responses=responses.ERRORS)
+    app.include_router(routes_checkpoints.legacy, responses=responses.ERRORS)  # before the UI's /experiments/
+    app.include_router(routes_master.router, responses=responses.ERRORS)  # admins: GET /api/v1/master/config
     app.include_router(proxy.router)  # /proxy/{task_id}/: notebooks and TensorBoards, owner-only
     routes_ui.install(app)  # the web UI's pages at /, its assets at /webui/
     routes_compat.install(app)  # after the UI's: a missing /api/ route's 404 says so, for Determined's client
+    openapi = app.openapi
+    app.openapi = lambda: responses_ui.errors_as_json(openapi())  # type: ignore[method-assign]
     app.add_middleware(MetricsFastPath)
     app.add_middleware(UntypedBodyAsJson)  # Determined's client sends JSON without a Content-Type
     app.add_middleware(BodyLimit)  # outermost: refuses oversize bodies before anything reads them

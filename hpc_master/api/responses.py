@@ -28,6 +28,23 @@ Mapping = dict[str, Any]
 
 
 @with_config(STRICT)
+class ApiError(TypedDict):
+    """Every error's answer: a machine-readable ``code`` (``not_found``, ``invalid_argument``, ...), a
+    ``message`` for people, and the request ``field`` it is about, when there is one."""
+
+    code: str
+    message: str
+    field: NotRequired[str | None]
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    "default": {"model": ApiError, "description": "an error: its code, its message and the field it names"}
+}
+"""Every router's error answer, in the OpenAPI document (instead of FastAPI's ``HTTPValidationError``,
+which this master never sends: its 422s are ``ApiError``s too)."""
+
+
+@with_config(STRICT)
 class Empty(TypedDict):
     """An action's answer with nothing in it (Determined's ``v1PauseExperimentResponse`` and the like)."""
 

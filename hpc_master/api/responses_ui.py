@@ -319,7 +319,16 @@ class MetricsPageLine(TypedDict):
 
 def ndjson(line: type[Any]) -> dict[str, Any]:
     """A streaming route's decorator arguments: its lines' shape, under ``application/x-ndjson``."""
-    return {
-        "response_class": NdjsonStream,
-        "responses": {200: {"model": line, "description": "one per line"}},
-    }
+    return {"response_class": NdjsonStream, "response_model": line}
+
+
+def errors_as_json(document: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI `document` with a stream's errors documented as what they are, JSON (FastAPI puts every
+    response of a route under the route's media type)."""
+    for item in document.get("paths", {}).values():
+        for operation in item.values():
+            answers = operation.get("responses", {})
+            content = answers.get("default", {}).get("content", {})
+            if NDJSON in content and NDJSON in answers.get("200", {}).get("content", {}):
+                content["application/json"] = content.pop(NDJSON)
+    return document

@@ -521,7 +521,7 @@ def install(app: FastAPI) -> None:
     a stack trace) for an unknown address outside ``/api``."""
     app.state.curves = CurveCache()
     app.state.cluster_view = CachedClusterView(SlurmCli(timeout_s=10.0), ttl_s=DEFAULT_TTL_S)
-    app.include_router(routes_ui_live.router)  # the pages' change streams (live updates)
+    app.include_router(routes_ui_live.router, responses=responses.ERRORS)  # the pages' change streams
     app.include_router(pages)
     app.mount("/webui", StaticFiles(directory=ASSETS_DIR, check_dir=True), name="webui")
 

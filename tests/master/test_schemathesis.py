@@ -24,6 +24,7 @@ import schemathesis
 import uvicorn
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
+from schemathesis.checks import response_schema_conformance
 from schemathesis.core.result import Ok
 from schemathesis.generation.modes import GenerationMode
 from sqlalchemy import Engine, select, update
@@ -104,8 +105,11 @@ def live(config: MasterConfig, engine: Engine, sessions: sessionmaker[Session]) 
         sock.close()
 
 
-def _checker(live: Live, operation: Any, mode: GenerationMode, errors: list[str]) -> Any:
-    """A Hypothesis test of one operation, collecting (not shrinking) the requests that got a 5xx."""
+def _checker(
+    live: Live, operation: Any, mode: GenerationMode, errors: list[str], nonconforming: list[str]
+) -> Any:
+    """A Hypothesis test of one operation, collecting (not shrinking) the requests that got a 5xx and those
+    whose answer does not conform to the document."""
     fixed = TAMED.get(operation.path, {})
     harness = "harness" in (operation.tags or [])
     # A fresh admin session before each request of an operation that may end or demote it (a logout, a
@@ -132,8 +136,14 @@ def _checker(live: Live, operation: Any, mode: GenerationMode, errors: list[str]
                 admin[:] = [live.headers()]
             headers = admin[0]
         response = case.call(base_url=live.url, headers=headers, timeout=10)
+        sent = f"{case.method} {case.formatted_path} query={case.query} body={case.body!r:.300}"
         if response.status_code >= 500:
-            errors.append(f"{case.method} {case.formatted_path} query={case.query} body={case.body!r:.300}")
+            errors.append(sent)
+            return
+        try:  # the answer is the shape the document gives for its status (an error's: ApiError)
+            case.validate_response(response, checks=[response_schema_conformance])
+        except (AssertionError, ExceptionGroup) as failure:
+            nonconforming.append(f"{sent} -> {response.status_code}: {str(failure)[:600]}")
 
     return check
 
@@ -151,6 +161,7 @@ def test_no_request_gets_a_server_error(live: Live, mode: GenerationMode, shard:
     with what was sent."""
     schema = schemathesis.openapi.from_dict(live.app.openapi())
     errors: list[str] = []
+    nonconforming: list[str] = []
     tested, unbreakable = [], []
     for index, result in enumerate(schema.get_all_operations()):
         assert isinstance(result, Ok), result  # the document is valid OpenAPI
@@ -158,7 +169,7 @@ def test_no_request_gets_a_server_error(live: Live, mode: GenerationMode, shard:
             continue
         operation = result.ok()
         try:
-            _checker(live, operation, mode, errors)()
+            _checker(live, operation, mode, errors, nonconforming)()
         except Unsatisfiable:  # negative mode, for an operation with nothing to break
             assert mode is GenerationMode.NEGATIVE, operation.label
             unbreakable.append(operation.label)
@@ -168,6 +179,7 @@ def test_no_request_gets_a_server_error(live: Live, mode: GenerationMode, shard:
         unbreakable
     )
     assert not errors, "\n".join(errors[:20])
+    assert not nonconforming, "\n".join(nonconforming[:20])
 
 
 def test_every_route_that_may_wait_is_tamed(client: Any) -> None:
