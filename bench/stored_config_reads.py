@@ -49,7 +49,7 @@ def inner(db: Path) -> dict[str, float]:
     from hpc_master.db.models import ExperimentModel, TrialRunModel, UserModel
     from hpc_master.masterconf import parse_master_config
     from hpc_master.services import harness, lifecycle
-    from hpc_master.services.checkpoint_views import CheckpointQuery, experiment_checkpoints
+    from hpc_master.services.checkpoints.views import CheckpointQuery, experiment_checkpoints
     from hpc_master.services.experiments import create_experiment
     from hpc_master.services.metrics import MetricReport
     from hpc_master.services.users import Principal

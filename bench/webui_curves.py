@@ -290,8 +290,8 @@ def keeper_pass(url: str) -> tuple[float, int]:
     from sqlalchemy import func, select
 
     from hpc_master.db.models import MetricCurveModel
-    from hpc_master.services.curve_keeper import CurveKeeper
-    from hpc_master.services.curves import CurveCache
+    from hpc_master.services.curves.experiment import CurveCache
+    from hpc_master.services.curves.keeper import CurveKeeper
 
     engine = make_engine(url)
     sessions = make_sessionmaker(engine)

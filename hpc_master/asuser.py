@@ -29,7 +29,7 @@ from hpc_master import trialjob_files as _files
 from hpc_master.helper_client import HelperPool, UserHelper, encode
 from hpc_master.lifecycle.job_host import job_account
 from hpc_master.lifecycle.slurm_jobs import SlurmJobs
-from hpc_master.services.checkpoint_remover import CheckpointRemover
+from hpc_master.services.checkpoints.remover import CheckpointRemover
 from hpc_master.trialjob import USER_TEMPLATE, TrialJobPlan, user_job_root
 
 UnsafePathError = userfiles.UnsafePathError

@@ -217,7 +217,7 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
     from hpc_master import paths
     from hpc_master.api.app import create_app
     from hpc_master.service_account import become, identity_for
-    from hpc_master.services.curve_keeper import CurveKeeper
+    from hpc_master.services.curves.keeper import CurveKeeper
     from hpc_master.systemd import ExitSignals, NotifyingServer, sd_notify
 
     identity = identity_for(config)
@@ -265,8 +265,8 @@ def make_lifecycle_loop(state: Any) -> Any:
     from hpc_master.lifecycle.loop import LifecycleLoop
     from hpc_master.lifecycle.slurm_jobs import SlurmJobs
     from hpc_master.paths import get_job_storage_root
-    from hpc_master.services.checkpoint_gc import CheckpointCollector
-    from hpc_master.services.checkpoint_policy import GCPolicy
+    from hpc_master.services.checkpoints.gc import CheckpointCollector
+    from hpc_master.services.checkpoints.policy import GCPolicy
     from hpc_master.services.logs import helper_reader
     from hpc_master.tasks.driver import TaskDriver
     from slurm_backend import Poller, SlurmCli

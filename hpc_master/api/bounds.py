@@ -15,10 +15,9 @@ from typing import Annotated
 from annotated_types import Ge, Le
 from pydantic import AfterValidator, Field
 
-INT32_MIN = -(2**31)
-INT32_MAX = 2**31 - 1
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
+from hpc_master.db.widths import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
+
+__all__ = ["INT32_MAX", "INT32_MIN", "INT64_MAX", "INT64_MIN"]
 
 Id = Annotated[int, Ge(1), Le(INT32_MAX)]
 """The id of a user, experiment or trial (``Integer`` primary keys)."""

@@ -18,10 +18,10 @@ from hpc_master.db.models import (
     TrialRunModel,
     UserModel,
 )
-from hpc_master.services import checkpoints as ckpts
 from hpc_master.services import redact, workspaces
-from hpc_master.services.checkpoint_usage import StorageTotals
-from hpc_master.services.checkpoint_views import CheckpointView
+from hpc_master.services.checkpoints import records as ckpts
+from hpc_master.services.checkpoints.usage import StorageTotals
+from hpc_master.services.checkpoints.views import CheckpointView
 from hpc_master.services.stored_config import experiment_config, shown_config
 from hpc_master.services.users import Principal
 

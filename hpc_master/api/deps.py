@@ -14,16 +14,16 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from hpc_master.api import session_cookie
-from hpc_master.api.metrics_writer import MetricsWriter
 from hpc_master.api.streams import StreamSlots
 from hpc_master.auth import hash_token
 from hpc_master.db.checkpointer import WalCheckpointer, sqlite_file
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import CheckpointModel, ExperimentModel, TrialModel
 from hpc_master.errors import PermissionDeniedError, UnauthenticatedError
+from hpc_master.ingest.writer import MetricsWriter
 from hpc_master.masterconf import MasterConfig
 from hpc_master.services import users
-from hpc_master.services.checkpoint_remover import CheckpointRemover
+from hpc_master.services.checkpoints.remover import CheckpointRemover
 from hpc_master.services.common import get_or_404
 from hpc_master.services.logs import LogReader
 from hpc_master.services.throttle import LoginThrottle

@@ -4,7 +4,7 @@ Harnesses send a batch of metric rows every few steps; at 100 rows per batch, Fa
 resolution and response handling cost as much as storing the rows. This ASGI middleware takes the request
 only on its happy path: a bearer token the token cache already knows, a body that validates against
 ``MetricsBatchRequest``, a per-trial token for this trial (or a user token), and a group commit that
-succeeds. A plain training batch of the trial's own token (``plain_metrics``) skips pydantic and is stored
+succeeds. A plain training batch of the trial's own token (``ingest.plain``) skips pydantic and is stored
 by the metrics writer in driver SQL (SQLite's, or one ``unnest`` INSERT per batch on PostgreSQL). Anything else (an unknown token, a bad body, a trial that is gone, a database error) is handed
 to the FastAPI route with the body replayed, which answers exactly as it always does (ingest is idempotent,
 so a batch the fast path tried and failed is safe to try again). The answer, ``{"accepted", "duplicates"}``
@@ -21,9 +21,9 @@ from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hpc_master.api.deps import AppState, check_trial_access
-from hpc_master.api.plain_metrics import plain_training_rows
 from hpc_master.api.schemas import MetricItem, MetricsBatchRequest
 from hpc_master.auth import hash_token
+from hpc_master.ingest.plain import plain_training_rows
 from hpc_master.services import harness, notify
 from hpc_master.services.metrics import MetricReport, ingest_metrics, pg_ingest_raw, sqlite_ingest_raw
 from hpc_master.services.users import Principal

@@ -25,12 +25,11 @@ from hpc_master.api.deps import AnyPrincipal, State, UserPrincipal, check_checkp
 from hpc_master.api.schemas import DeleteCheckpointsRequest, PatchExperimentRequest
 from hpc_master.db.models import ExperimentModel, TrialModel, UserModel, utcnow
 from hpc_master.errors import ClientError, ConflictError
-from hpc_master.services import checkpoint_gc as gc
-from hpc_master.services import checkpoint_views as views
-from hpc_master.services import checkpoints as ckpts
 from hpc_master.services import models_registry, notify
-from hpc_master.services.checkpoint_policy import GCPolicy
-from hpc_master.services.checkpoint_usage import StorageTotals, experiment_totals
+from hpc_master.services.checkpoints import gc, views
+from hpc_master.services.checkpoints import records as ckpts
+from hpc_master.services.checkpoints.policy import GCPolicy
+from hpc_master.services.checkpoints.usage import StorageTotals, experiment_totals
 from hpc_master.services.common import get_or_404
 from hpc_master.services.experiment_patch import patch_experiment
 from hpc_master.services.experiments import searcher_metric

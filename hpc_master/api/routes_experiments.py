@@ -15,10 +15,10 @@ from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.schemas import CreateExperimentRequest
 from hpc_master.db.models import ExperimentModel, TrialModel, utcnow
 from hpc_master.errors import ClientError, ConflictError
-from hpc_master.services import checkpoint_gc as gc
 from hpc_master.services import experiment_list, models_registry, notify, workspaces
 from hpc_master.services import experiments as exps
-from hpc_master.services.checkpoint_usage import StorageTotals, experiment_totals, trial_totals_of_experiment
+from hpc_master.services.checkpoints import gc
+from hpc_master.services.checkpoints.usage import StorageTotals, experiment_totals, trial_totals_of_experiment
 from hpc_master.services.common import get_or_404
 from hpc_master.services.lifecycle import set_experiment_state
 from hpc_master.services.states import ExperimentState
@@ -197,7 +197,7 @@ def unarchive(experiment_id: Id, state: State, principal: UserPrincipal) -> dict
 
 @router.delete("/experiments/{experiment_id}", response_model=responses.Empty)
 def delete_experiment(experiment_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
-    """Remove the experiment's checkpoint files (as its owner's account, ``services.checkpoint_gc``), then its
+    """Remove the experiment's checkpoint files (as its owner's account, ``services.checkpoints.gc``), then its
     rows; if a directory cannot be removed, the experiment is DELETE_FAILED (delete it again to retry) and
     the checkpoint's failure is recorded (the lifecycle loop retries it too). An experiment with a checkpoint
     in the model registry is refused (409): delete the model version first."""

@@ -24,8 +24,9 @@ from hpc_master.api.schemas import (
 from hpc_master.api.streams import long_poll
 from hpc_master.db.models import TrialModel
 from hpc_master.errors import PermissionDeniedError
-from hpc_master.services import checkpoint_views, harness, notify
-from hpc_master.services import checkpoints as ckpts
+from hpc_master.services import harness, notify
+from hpc_master.services.checkpoints import records as ckpts
+from hpc_master.services.checkpoints import views as checkpoint_views
 from hpc_master.services.common import get_or_404
 from hpc_master.services.metrics import ingest_metrics
 from hpc_master.services.users import Principal

@@ -24,7 +24,7 @@ from hpc_master.errors import ClientError
 from hpc_master.services import experiments as exps
 from hpc_master.services import logs, notify
 from hpc_master.services import metrics as metric_svc
-from hpc_master.services.checkpoint_usage import StorageTotals, trial_totals
+from hpc_master.services.checkpoints.usage import StorageTotals, trial_totals
 from hpc_master.services.common import get_or_404
 from hpc_master.services.lifecycle import live_run_of
 from hpc_master.services.states import TERMINAL_TRIAL_STATES

@@ -32,7 +32,7 @@ from hpc_master.db.models import ExperimentModel, TrialModel, UserModel
 from hpc_master.services import redact
 from hpc_master.services import webui as ui
 from hpc_master.services.common import get_or_404
-from hpc_master.services.curves import CurveCache, ExperimentCurves
+from hpc_master.services.curves.experiment import CurveCache, ExperimentCurves
 from hpc_master.services.experiments import owner_id_of, searcher_metric
 from hpc_master.services.stored_config import experiment_config
 from slurm_backend.cli import SlurmCli

@@ -21,7 +21,8 @@ from hpc_master.api.bounds import (
     Int64,
     OptionalId,
 )
-from hpc_master.services.checkpoints import check_checkpoint_uuid
+from hpc_master.ingest.plain import MAX_BATCH_ROWS
+from hpc_master.services.checkpoints.records import check_checkpoint_uuid
 
 
 class ApiModel(BaseModel):
@@ -106,9 +107,6 @@ class MetricItem(ApiModel):
     group: str = Field(default="training", min_length=1, max_length=64)
     metrics: dict[str, Any]
     report_time: dt.datetime | None = None
-
-
-MAX_BATCH_ROWS = 10_000
 
 
 class MetricsBatchRequest(ApiModel):

@@ -202,7 +202,7 @@ class MetricModel(Base):
 
 
 class MetricCurveModel(Base):
-    """A (trial, group, metric)'s downsampled learning curve (``services.curves``), saved so that a master
+    """A (trial, group, metric)'s downsampled learning curve (``services.curves.experiment``), saved so that a master
     restart does not re-read every metric row: ``data`` is ``MinMaxCurve.to_bytes()``."""
 
     __tablename__ = "metric_curves"
@@ -242,7 +242,7 @@ class CheckpointModel(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     """The sum of ``resources`` (the harness's {path: bytes}), kept for the storage totals."""
     gc_attempts: Mapped[int] = mapped_column(Integer, default=0)
-    """Failed attempts to delete the checkpoint's files (``services.checkpoint_gc``)."""
+    """Failed attempts to delete the checkpoint's files (``services.checkpoints.gc``)."""
     gc_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     """Why the last attempt to delete its files failed."""
     gc_retry_at: Mapped[dt.datetime | None] = mapped_column(nullable=True, index=True)
@@ -323,7 +323,7 @@ class RegistryModel(Base):
 
 class ModelVersionModel(Base):
     """A version of a registry model: a checkpoint, numbered per model. A checkpoint a version points at is
-    never garbage-collected (``services.checkpoint_gc``) nor deleted (``DELETE /api/v1/checkpoints``)."""
+    never garbage-collected (``services.checkpoints.gc``) nor deleted (``DELETE /api/v1/checkpoints``)."""
 
     __tablename__ = "model_versions"
     __table_args__ = (UniqueConstraint("model_id", "version", name="uq_model_versions_version"),)

@@ -24,7 +24,7 @@ from hpc_master.lifecycle.job_host import compile_job_code
 from hpc_master.lifecycle.jobs import JobDriver
 from hpc_master.services import lifecycle as svc
 from hpc_master.services import notify
-from hpc_master.services.checkpoint_gc import CheckpointCollector
+from hpc_master.services.checkpoints.gc import CheckpointCollector
 from hpc_master.services.common import InvalidTransitionError
 from hpc_master.services.states import ExperimentState
 from hpc_master.services.users import purge_expired_sessions
@@ -92,7 +92,7 @@ class LifecycleLoop:
             log.exception("re-nicing pending jobs failed; retried next tick")
 
     def collect_checkpoints(self) -> None:
-        """Checkpoint GC (``services.checkpoint_gc``): record the last batch's removals and start the next in
+        """Checkpoint GC (``services.checkpoints.gc``): record the last batch's removals and start the next in
         the collector's own thread, so that files being deleted never hold up the loop."""
         if self.collector is None:
             return

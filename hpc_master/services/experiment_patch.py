@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from hpc_master.db.models import ExperimentModel
 from hpc_master.errors import ClientError, NotFoundError
-from hpc_master.services.checkpoint_policy import GC_FIELDS
+from hpc_master.services.checkpoints.policy import GC_FIELDS
 from hpc_master.services.common import record_event
 from hpc_master.services.experiments import can_modify
 from hpc_master.services.lifecycle import request_checkpoint_gc

@@ -116,7 +116,7 @@ GC_TRIAL_STATES = frozenset({TrialState.PAUSED, *TERMINAL_TRIAL_STATES})
 
 
 def request_checkpoint_gc(session: Session, experiment_id: int) -> None:
-    """Ask the lifecycle loop's checkpoint collector (``services.checkpoint_gc``) to apply the experiment's
+    """Ask the lifecycle loop's checkpoint collector (``services.checkpoints.gc``) to apply the experiment's
     GC policy again: a trial paused or ended, a job of a paused trial ended, the experiment ended, or its
     policy changed. Requests are coalesced by experiment."""
     session.add(CheckpointGCRequestModel(experiment_id=experiment_id))

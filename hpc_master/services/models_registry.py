@@ -5,7 +5,7 @@ owner (its creator) or an admin changes, archives or deletes it and its versions
 also takes the right to read it as one's own: its experiment is the user's (or the user is an admin), so no
 one registers (and thereby keeps forever) another user's checkpoint. Per-trial tokens have no say here.
 
-A registered checkpoint is never collected: the GC (``checkpoint_gc``) leaves out every checkpoint a version
+A registered checkpoint is never collected: the GC (``services.checkpoints.gc``) leaves out every checkpoint a version
 points at, and ``DELETE /api/v1/checkpoints`` and experiment deletion refuse them (`refuse_registered`).
 Registering locks the checkpoint's row and refuses one whose deletion is under way, and the GC's claim looks
 at the versions again once it holds its rows, so a registration racing a collection loses one way or the
@@ -39,7 +39,7 @@ from hpc_master.db.models import (
 )
 from hpc_master.errors import ClientError, ConflictError, NotFoundError, PermissionDeniedError
 from hpc_master.services import workspaces
-from hpc_master.services.checkpoint_views import CheckpointView, views_by_uuid
+from hpc_master.services.checkpoints.views import CheckpointView, views_by_uuid
 from hpc_master.services.lifecycle import request_checkpoint_gc
 from hpc_master.services.users import Principal
 

@@ -22,8 +22,8 @@ from hpc_master.db.models import (
     UserModel,
 )
 from hpc_master.expconf import ExperimentConfig
-from hpc_master.services.curves import numeric_metrics
-from hpc_master.services.downsample import MinMaxCurve
+from hpc_master.services.curves.downsample import MinMaxCurve
+from hpc_master.services.curves.experiment import numeric_metrics
 from hpc_master.services.experiments import normalise_states, searcher_metric
 from hpc_master.services.states import LIVE_RUN_STATES
 from hpc_master.services.stored_config import experiment_config, shown_config

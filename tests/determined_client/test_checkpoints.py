@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from harness.core._checkpoint import list_resources
 from hpc_master.db.models import ExperimentModel, MetricModel, TrialModel, TrialRunModel
-from hpc_master.services.checkpoints import CheckpointReport, report_checkpoint
+from hpc_master.services.checkpoints.records import CheckpointReport, report_checkpoint
 from tests.cli.conftest import Master
 from tests.determined_client.conftest import DeterminedClient, OurApi
 

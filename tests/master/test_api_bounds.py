@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session, sessionmaker
 
-from hpc_master.api.plain_metrics import plain_training_rows
 from hpc_master.api.schemas import MetricsBatchRequest
 from hpc_master.db.engine import transaction
+from hpc_master.ingest.plain import plain_training_rows
 from hpc_master.services.users import mint_trial_token
 from tests.master.helpers import admin_token, seed_trial
 

@@ -27,15 +27,15 @@ from hpc_master.db.models import (
     TrialModel,
     UserModel,
 )
-from hpc_master.services import checkpoint_gc as gc
 from hpc_master.services import experiments as exps
 from hpc_master.services import lifecycle
-from hpc_master.services.checkpoint_gc import CheckpointCollector, retry_delay
-from hpc_master.services.checkpoint_policy import GCPolicy
-from hpc_master.services.checkpoint_remover import CheckpointRemover, Owner, Removal
-from hpc_master.services.checkpoint_usage import experiment_totals, trial_totals
-from hpc_master.services.checkpoint_views import CheckpointQuery, experiment_checkpoints, get_view
-from hpc_master.services.checkpoints import CheckpointReport, report_checkpoint
+from hpc_master.services.checkpoints import gc
+from hpc_master.services.checkpoints.gc import CheckpointCollector, retry_delay
+from hpc_master.services.checkpoints.policy import GCPolicy
+from hpc_master.services.checkpoints.records import CheckpointReport, report_checkpoint
+from hpc_master.services.checkpoints.remover import CheckpointRemover, Owner, Removal
+from hpc_master.services.checkpoints.usage import experiment_totals, trial_totals
+from hpc_master.services.checkpoints.views import CheckpointQuery, experiment_checkpoints, get_view
 from hpc_master.services.experiment_patch import patch_experiment
 from hpc_master.services.states import TerminationReason, TrialState
 from hpc_master.services.users import Principal

@@ -21,8 +21,8 @@ from hpc_master.db.engine import transaction
 from hpc_master.db.models import ExperimentModel, MetricModel, TrialModel
 from hpc_master.masterconf import MasterConfig
 from hpc_master.services import lifecycle
-from hpc_master.services.checkpoint_remover import CheckpointRemover
-from hpc_master.services.checkpoints import CheckpointReport, report_checkpoint
+from hpc_master.services.checkpoints.records import CheckpointReport, report_checkpoint
+from hpc_master.services.checkpoints.remover import CheckpointRemover
 
 from .helpers import create_experiment, login, make_user
 

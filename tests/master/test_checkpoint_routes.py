@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import CheckpointGCRequestModel, CheckpointModel, MetricModel
 from hpc_master.services import lifecycle
-from hpc_master.services.checkpoint_remover import CheckpointRemover
-from hpc_master.services.checkpoints import CheckpointReport, report_checkpoint
+from hpc_master.services.checkpoints.records import CheckpointReport, report_checkpoint
+from hpc_master.services.checkpoints.remover import CheckpointRemover
 from hpc_master.services.states import TerminationReason
 
 from .helpers import create_experiment, login, make_user

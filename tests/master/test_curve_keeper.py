@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import MetricCurveMarkModel, MetricCurveModel, MetricModel, TrialRunModel, utcnow
-from hpc_master.services import curves as curves_module
-from hpc_master.services.curve_keeper import CurveKeeper
-from hpc_master.services.curves import CurveCache, ExperimentCurves
+from hpc_master.services.curves import experiment as curves_module
+from hpc_master.services.curves.experiment import CurveCache, ExperimentCurves
+from hpc_master.services.curves.keeper import CurveKeeper
 from tests.webui.seed import seed_experiment, seed_user
 
 pytestmark = pytest.mark.storage  # saved curves and the queries that read them

@@ -248,8 +248,8 @@ def test_the_plain_form_parses_to_exactly_what_validation_gives() -> None:
     from pydantic import ValidationError
 
     from hpc_master.api.fast_ingest import reports_of
-    from hpc_master.api.plain_metrics import plain_training_rows
     from hpc_master.api.schemas import MetricsBatchRequest
+    from hpc_master.ingest.plain import plain_training_rows
     from hpc_master.services.metrics import sqlite_rows
 
     body = json.dumps({"metrics": PLAIN}).encode()

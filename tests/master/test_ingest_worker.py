@@ -1,4 +1,4 @@
-"""The metrics writer's ingest worker (``hpc_master.api.ingest_worker``), a real child process on a real SQLite
+"""The metrics writer's ingest worker (``hpc_master.ingest.worker``), a real child process on a real SQLite
 file: it stores plain batches in one transaction per group, hands back what it does not store, and when it
 dies the master stores every batch itself, loses none, and starts a new worker later."""
 
@@ -21,11 +21,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hpc_master.api.app import create_app
 from hpc_master.api.deps import AppState
-from hpc_master.api.ingest_worker import FAILED, NOT_PLAIN, OK, IngestWorker
-from hpc_master.api.metrics_writer import MetricsWriter
 from hpc_master.db.engine import make_engine, make_sessionmaker, transaction
 from hpc_master.db.migrate import upgrade_to_head
 from hpc_master.db.models import MetricModel, TrialModel
+from hpc_master.ingest.worker import FAILED, NOT_PLAIN, OK, IngestWorker
+from hpc_master.ingest.writer import MetricsWriter
 from hpc_master.masterconf import MasterConfig
 from tests.master.helpers import create_experiment, login, seed_trial
 from tests.master.test_api import bearer, make_trial

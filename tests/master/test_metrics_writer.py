@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from hpc_master.api.metrics_writer import MetricsWriter
 from hpc_master.db.models import MetricModel
 from hpc_master.errors import NotFoundError
+from hpc_master.ingest.writer import MetricsWriter
 from hpc_master.services.metrics import MetricReport, ingest_metrics
 
 from .helpers import seed_trial

@@ -28,11 +28,11 @@ from hpc_master.db.models import (
     ModelVersionModel,
     UserModel,
 )
-from hpc_master.services import checkpoint_gc as gc
 from hpc_master.services import lifecycle, models_registry
-from hpc_master.services.checkpoint_gc import CheckpointCollector
-from hpc_master.services.checkpoint_remover import CheckpointRemover
-from hpc_master.services.checkpoints import CheckpointReport, report_checkpoint
+from hpc_master.services.checkpoints import gc
+from hpc_master.services.checkpoints.gc import CheckpointCollector
+from hpc_master.services.checkpoints.records import CheckpointReport, report_checkpoint
+from hpc_master.services.checkpoints.remover import CheckpointRemover
 from hpc_master.services.states import ExperimentState, TerminationReason
 from hpc_master.services.users import Principal
 

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import MetricModel
 from hpc_master.services import lifecycle, redact
-from hpc_master.services.checkpoints import CheckpointReport, report_checkpoint
+from hpc_master.services.checkpoints.records import CheckpointReport, report_checkpoint
 
 from .helpers import create_experiment, login, make_user
 

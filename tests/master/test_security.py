@@ -17,7 +17,7 @@ from hpc_master.db.engine import make_engine, transaction
 from hpc_master.db.models import TrialModel, TrialRunModel
 from hpc_master.masterconf import parse_master_config
 from hpc_master.services import lifecycle
-from hpc_master.services.checkpoint_remover import CheckpointRemover
+from hpc_master.services.checkpoints.remover import CheckpointRemover
 
 from .helpers import CONFIG, create_experiment, login, make_user
 

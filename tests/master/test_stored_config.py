@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from hpc_master.db.models import CheckpointGCRequestModel, ExperimentModel, utcnow
 from hpc_master.expconf import ExperimentConfig, ExperimentConfigError
 from hpc_master.services import stored_config
-from hpc_master.services.checkpoint_gc import plan_collection
+from hpc_master.services.checkpoints.gc import plan_collection
 from hpc_master.services.lifecycle import request_checkpoint_gc
 from hpc_master.services.stored_config import StoredConfigError, edited_config, experiment_config
 from tests.master.helpers import CONFIG, create_experiment, login, make_user

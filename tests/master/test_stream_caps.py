@@ -214,7 +214,7 @@ def test_streams_reads_never_take_the_threads_of_other_requests(
 ) -> None:
     """50 streams whose reads block (more than the 40 threads of the synchronous routes): another user's
     ``/me`` still answers, and at most ``STREAM_THREADS`` reads run at once."""
-    from hpc_master.services.curves import ExperimentCurves
+    from hpc_master.services.curves.experiment import ExperimentCurves
 
     served = start()  # 50 streams: under the default cap (64)
     release = threading.Event()

@@ -1,4 +1,4 @@
-"""The checkpoint GC policy (``services.checkpoint_policy``): Determined's semantics on small hand-made cases."""
+"""The checkpoint GC policy (``services.checkpoints.policy``): Determined's semantics on small hand-made cases."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from hpc_master.services.checkpoint_policy import (
+from hpc_master.services.checkpoints.policy import (
     CheckpointFacts,
     GCPolicy,
     checkpoints_to_delete,

@@ -8,7 +8,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpc_master.services.downsample import MinMaxCurve, minmax_downsample
+from hpc_master.services.curves.downsample import MinMaxCurve, minmax_downsample
 
 
 def test_short_curves_are_kept_whole() -> None:

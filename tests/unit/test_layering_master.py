@@ -5,7 +5,9 @@ test_layering.py).
 From the bottom: ``db`` (the ORM rows) and ``expconf`` (experiment and task configs) import no other room and
 no module above them; ``services`` (what the API and the loop do with the database) builds on them;
 ``lifecycle`` (the loop driving searchers and the job layer) on services; ``tasks`` (commands, notebooks,
-shells, TensorBoards) on the job layer of lifecycle; ``api`` (the routers) on services and tasks. ``cli``
+shells, TensorBoards) on the job layer of lifecycle; ``ingest`` (the metrics writer behind the API: group
+commits, its SQLite worker process, the plain-row parser) on services; ``api`` (the routers) on services,
+tasks and ingest. ``cli``
 (``det``) talks HTTP: of the master it imports the config models only, to check a config before sending it
 (and ``admission``, for ``det preview``). ``deploy`` (``det deploy local``) imports no other room. The
 top-level modules (``masterconf``, ``admission``, ``trialjob``, ``taskjob``, ``asuser``, ``server``, ...) are
@@ -33,7 +35,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "services": frozenset({"db", "expconf"}),
     "lifecycle": frozenset({"db", "expconf", "services"}),
     "tasks": frozenset({"db", "expconf", "services", "lifecycle"}),
-    "api": frozenset({"db", "expconf", "services", "tasks"}),
+    "ingest": frozenset({"db", "services"}),
+    "api": frozenset({"db", "expconf", "services", "tasks", "ingest"}),
     "cli": frozenset({"expconf"}),
 }
 # What the config package imports of the modules above it: nothing since admission (parse, complete, dry run)

@@ -18,9 +18,8 @@ from typing import Any
 
 import orjson
 
-from hpc_master.api.bounds import INT32_MAX
-from hpc_master.api.schemas import MAX_BATCH_ROWS
 from hpc_master.db.models import utcnow
+from hpc_master.db.widths import INT32_MAX
 from hpc_master.services.metrics import sqlite_time
 
 _PLAIN_KEYS = frozenset({"trialRunId", "stepsCompleted", "group", "metrics", "reportTime"})
@@ -35,6 +34,9 @@ _MINUTE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}")
 _RFC3339 = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})"
 )
+
+MAX_BATCH_ROWS = 10_000
+"""The most reports one batch may carry (``POST /api/v1/trials/{id}/metrics/batch``)."""
 
 
 def _plain_time(value: Any, now: str) -> str:

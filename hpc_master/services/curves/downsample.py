@@ -11,7 +11,7 @@ Points are taken in batches: ``add()`` only queues a point, and the queue is fol
 vectorised pass, when the curve is next read (``points()``, ``to_bytes()``, ``count``...). Buckets are kept
 sparse (only those that hold a point), as five arrays, so a curve is a few array operations to fold,
 downsample further or serialise, and ``to_bytes()``/``from_bytes()`` copy no Python objects
-(``services.curves`` saves them in the database).
+(``services.curves.experiment`` saves them in the database).
 
 Ties: at equal values a bucket keeps the point with the smallest step, however the points were batched (a
 bucket merged from two keeps the lower one's, as one pass over every point would); the first point is the smallest step (the

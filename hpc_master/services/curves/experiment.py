@@ -1,7 +1,7 @@
 """Learning curves of whole experiments, downsampled on the server and kept warm between requests.
 
 Each experiment's curves live in an ``ExperimentCurves``: for every (group, metric name) and trial, a
-``MinMaxCurve`` (``services.downsample``). A refresh reads only the metric rows it has not seen (by id), so
+``MinMaxCurve`` (``services.curves.downsample``). A refresh reads only the metric rows it has not seen (by id), so
 each row is parsed once however often the web UI asks; a page of 1,000 trials × 10,000 points costs a few
 hundred points per trial to serialise, not ten million rows to read.
 
@@ -10,7 +10,7 @@ the ids of the last ``LAG_IDS`` ids of the experiment and takes any it has not s
 at a time, in id order, and the same code is merely exact there.
 
 The curves are also saved in the database (``metric_curves``, one row per trial and metric, and
-``metric_curve_marks``: how far each experiment's saved curves have read), by ``services.curve_keeper``, which
+``metric_curve_marks``: how far each experiment's saved curves have read), by ``services.curves.keeper``, which
 keeps the curves of experiments that receive metrics up to date in the background. A restarted master starts
 from them and reads only the rows after them: the first page of a 1,000-trial experiment after a restart reads
 a few MB of buckets, not ten million rows of JSON.
@@ -40,7 +40,7 @@ from hpc_master.db.models import (
     TrialRunModel,
     utcnow,
 )
-from hpc_master.services.downsample import Floats, Ints, MinMaxCurve, downsample_many
+from hpc_master.services.curves.downsample import Floats, Ints, MinMaxCurve, downsample_many
 from hpc_master.services.states import LIVE_RUN_STATES
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ If anything in it fails, it is rolled back and the group runs again the ordinary
 batch its own answer (the work is idempotent).
 
 On a SQLite file, a batch may instead come as its ``body`` (a per-trial token's batch, not yet parsed): the
-writer sends those to a child process (``ingest_worker``) that parses and stores them on its own interpreter
+writer sends those to a child process (``ingest.worker``) that parses and stores them on its own interpreter
 lock, and runs the ones it did not store (not the plain form, or a failed group) the ordinary way. If the
 child cannot be started or dies, the writer stores everything itself and tries a new child after
 ``WORKER_RETRY_S``.
@@ -36,8 +36,8 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from hpc_master.api.ingest_worker import OK, IngestWorker
 from hpc_master.db.engine import transaction
+from hpc_master.ingest.worker import OK, IngestWorker
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ When it runs: ``services.lifecycle`` asks for it (a ``checkpoint_gc_requests`` r
 ends, when a paused trial's last job ends, when the experiment ends, and when its policy changes
 (``PATCH /api/v1/experiments/{id}``). The lifecycle loop's `CheckpointCollector` takes the requests.
 
-What it deletes: the policy (`checkpoint_policy`) of the experiment's stored ``checkpoint_storage`` (fields it
+What it deletes: the policy (`policy`) of the experiment's stored ``checkpoint_storage`` (fields it
 lacks come from the master's), over every existing checkpoint of the experiment, applied only to trials no
 job runs for (paused or ended), never to the latest checkpoint of a trial that can still run (a paused
 trial resumes from it), and never to a checkpoint registered in the model registry (``models_registry``):
@@ -13,7 +13,7 @@ those still rank (a registered best fills the best's place) but are never delete
 
 How: load → act → apply, as the rest of the loop. A short transaction chooses the checkpoints and *claims*
 them (``gc_retry_at`` = a lease, so a master that dies mid-way retries them); the files are removed with no
-transaction open, as the owner's account (`checkpoint_remover`), in a worker thread so that the loop is never
+transaction open, as the owner's account (`remover`), in a worker thread so that the loop is never
 held up; a second short transaction records the outcome. A removed checkpoint becomes DELETED. A failure is
 never silent: the checkpoint keeps its state (PARTIALLY_DELETED once some of its files may be gone), with
 ``gc_error`` and ``gc_attempts``, and ``gc_retry_at`` says when the loop tries again (30 s, doubling to 1 h).
@@ -47,9 +47,9 @@ from hpc_master.db.models import (
     utcnow,
 )
 from hpc_master.expconf import ExperimentConfig
-from hpc_master.services.checkpoint_policy import CheckpointFacts, GCPolicy, checkpoints_to_delete
-from hpc_master.services.checkpoint_remover import CheckpointRemover, Owner, Removal
-from hpc_master.services.checkpoints import checkpoint_dir_map
+from hpc_master.services.checkpoints.policy import CheckpointFacts, GCPolicy, checkpoints_to_delete
+from hpc_master.services.checkpoints.records import checkpoint_dir_map
+from hpc_master.services.checkpoints.remover import CheckpointRemover, Owner, Removal
 from hpc_master.services.experiments import searcher_metric
 from hpc_master.services.lifecycle import GC_TRIAL_STATES
 from hpc_master.services.metrics import metric_value
@@ -126,7 +126,7 @@ def _facts(session: Session, experiment_id: int, metric_name: str | None) -> lis
 def select_for_gc(
     session: Session, experiment_id: int, policy: GCPolicy | None = None, *, default: GCPolicy | None = None
 ) -> list[str]:
-    """The checkpoints `policy` (default: the experiment's own) deletes now (`checkpoint_policy`), of trials
+    """The checkpoints `policy` (default: the experiment's own) deletes now (`policy`), of trials
     that are paused or ended with no job running, never a non-terminal trial's latest checkpoint."""
     experiment = session.get(ExperimentModel, experiment_id)
     if experiment is None:

@@ -1,5 +1,5 @@
 """Checkpoints: registration (idempotent on uuid), lookup, where their directories are (deletion and GC:
-``checkpoint_gc``; what their API answers show and how lists sort: ``checkpoint_views``)."""
+``checkpoints.gc``; what their API answers show and how lists sort: ``checkpoints.views``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from hpc_master.db.models import CheckpointModel, ExperimentModel, TrialModel, utcnow
 from hpc_master.errors import ClientError, ConflictError
 from hpc_master.expconf import ExperimentConfig
-from hpc_master.services.checkpoint_policy import GC_FIELDS
+from hpc_master.services.checkpoints.policy import GC_FIELDS
 from hpc_master.services.common import get_or_404
 from hpc_master.services.stored_config import experiment_config
 

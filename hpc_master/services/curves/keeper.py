@@ -1,5 +1,5 @@
 """Keeps learning curves ready before anyone asks: a background thread of the master that folds new metric
-rows into their experiments' curves (``services.curves``) every few seconds and saves the curves in the
+rows into their experiments' curves (``services.curves.experiment``) every few seconds and saves the curves in the
 database, so the web UI's first request for an experiment (even the first after a restart) reads a few MB of
 saved buckets plus the rows since, never every row of a large search.
 
@@ -23,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from hpc_master.db.models import MetricCurveMarkModel, MetricModel, TrialModel
-from hpc_master.services.curves import LAG_IDS, CurveCache, ExperimentCurves
+from hpc_master.services.curves.experiment import LAG_IDS, CurveCache, ExperimentCurves
 
 log = logging.getLogger(__name__)
 

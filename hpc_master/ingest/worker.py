@@ -1,7 +1,7 @@
 """The metrics writer's child process on SQLite: parses plain metric batches and stores them on its own GIL.
 
 At 100 rows per batch the master's ingest is bound by one CPU: the event loop (HTTP, authentication) and the
-metrics writer share the interpreter lock, and parsing a batch (``plain_metrics``) plus binding its rows cost
+metrics writer share the interpreter lock, and parsing a batch (``ingest.plain``) plus binding its rows cost
 more than the HTTP work. So on SQLite the writer hands the bodies of plain training batches, as the client
 sent them, to this process. It parses each body (``plain_training_rows``), stores every group in one
 transaction (``sqlite_ingest_raw``, the same SQL as in the master), and answers only after ``COMMIT``, so a
@@ -15,7 +15,7 @@ the group was rolled back (a trial that is gone, say), and the master runs each 
 way, which gives each one its own answer. Ingest is idempotent, so a batch the child may have stored before
 it died is stored at most once when the master runs it again.
 
-    python -c "import sys; from hpc_master.api.ingest_worker import main; sys.exit(main())" DATABASE_FILE
+    python -c "import sys; from hpc_master.ingest.worker import main; sys.exit(main())" DATABASE_FILE
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ OK, NOT_PLAIN, FAILED = 0, 1, 2
 _GROUP = struct.Struct("<I")
 _JOB = struct.Struct("<qI")
 _ANSWER = struct.Struct("<Bqq")
-_CHILD = "import sys; from hpc_master.api.ingest_worker import main; sys.exit(main())"
+_CHILD = "import sys; from hpc_master.ingest.worker import main; sys.exit(main())"
 """Not ``-m``: that would import this module twice (``hpc_master.api`` imports it through the writer)."""
 
 
@@ -101,7 +101,7 @@ class IngestWorker:
 
 
 def _store(conn: sqlite3.Connection, jobs: list[tuple[int, bytes]]) -> list[tuple[int, int, int]]:
-    from hpc_master.api.plain_metrics import plain_training_rows
+    from hpc_master.ingest.plain import plain_training_rows
     from hpc_master.services.metrics import sqlite_ingest_raw
 
     parsed = [(trial_id, plain_training_rows(body, trial_id)) for trial_id, body in jobs]

@@ -1,0 +1,1 @@
+"""Metrics ingest behind the API: the group-commit writer, its SQLite worker process, the plain-row parser."""

@@ -1,0 +1,1 @@
+"""Checkpoints: their records, what their answers show, storage accounting, GC policy, deletion."""

@@ -1,0 +1,1 @@
+"""Learning curves: downsampled on the server, kept warm by a background keeper."""
