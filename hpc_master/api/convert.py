@@ -19,11 +19,11 @@ from hpc_master.db.models import (
     UserModel,
 )
 from hpc_master.services import redact, workspaces
+from hpc_master.services.access import Principal
 from hpc_master.services.checkpoints import records as ckpts
 from hpc_master.services.checkpoints.usage import StorageTotals
 from hpc_master.services.checkpoints.views import CheckpointView
 from hpc_master.services.stored_config import experiment_config, shown_config
-from hpc_master.services.users import Principal
 
 # libyaml's safe dumper when PyYAML has it (same text, ~5x faster: a page of other users' experiments dumps
 # each masked config; 0.76 ms → 0.16 ms a config, measured for bench/many_users.py's list-all p99).

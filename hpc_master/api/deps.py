@@ -19,15 +19,16 @@ from hpc_master.auth import hash_token
 from hpc_master.db.checkpointer import WalCheckpointer, sqlite_file
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import CheckpointModel, ExperimentModel, TrialModel
-from hpc_master.errors import PermissionDeniedError, UnauthenticatedError
+from hpc_master.errors import UnauthenticatedError
 from hpc_master.ingest.writer import MetricsWriter
 from hpc_master.masterconf import MasterConfig
-from hpc_master.services import users
+from hpc_master.services import access, users
+from hpc_master.services.access import Action, Principal
 from hpc_master.services.checkpoints.remover import CheckpointRemover
 from hpc_master.services.common import get_or_404
 from hpc_master.services.logs import LogReader
 from hpc_master.services.throttle import LoginThrottle
-from hpc_master.services.users import Principal, TokenCache
+from hpc_master.services.users import TokenCache
 
 
 @dataclass
@@ -140,29 +141,23 @@ UserPrincipal = Annotated[Principal, Depends(get_user)]
 
 
 def check_trial_access(session: Session, principal: Principal, trial_id: int, *, write: bool) -> TrialModel:
-    """Harness routes: a per-trial token acts only on its trial; a user token on trials they may change."""
+    """Harness routes: the trial, once ``access.trial`` allows `principal` to read it or (`write`) report for
+    it (a per-trial token is checked before the trial is looked up: another trial's id tells it nothing)."""
+    action = Action.CHANGE if write else Action.VIEW
     if principal.trial_id is not None:
-        if principal.trial_id != trial_id:
-            raise PermissionDeniedError(
-                f"this token belongs to trial {principal.trial_id}, not trial {trial_id}"
-            )
+        access.trial(principal, trial_id, 0, action)
         return get_or_404(session, TrialModel, trial_id, "trial")
     trial = get_or_404(session, TrialModel, trial_id, "trial")
-    if write and not principal.admin:
-        experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
-        if experiment.owner_id != principal.user_id:
-            raise PermissionDeniedError(f"trial {trial_id} belongs to another user's experiment")
+    owner_id = 0
+    if write:
+        owner_id = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment").owner_id
+    access.trial(principal, trial_id, owner_id, action)
     return trial
 
 
 def check_checkpoint_access(
     principal: Principal, ckpt: CheckpointModel, owner_id: int, *, write: bool
 ) -> None:
-    """A per-trial token reads its own trial's checkpoints and its experiment owner's, and changes only its
-    own trial's; a user reads any checkpoint and changes (deletes) only their own experiments' (admins: all)."""
-    if principal.trial_id is not None:
-        same_trial = principal.trial_id == ckpt.trial_id
-        if (write and not same_trial) or (not write and not same_trial and principal.user_id != owner_id):
-            raise PermissionDeniedError(f"this token cannot access checkpoint {ckpt.uuid}")
-    elif write and not principal.admin and principal.user_id != owner_id:
-        raise PermissionDeniedError(f"checkpoint {ckpt.uuid} belongs to another user's experiment")
+    """``access.checkpoint``: a per-trial token reads its own trial's checkpoints and its experiment owner's,
+    and changes only its own trial's; a user reads any and changes only their own experiments' (admins: all)."""
+    access.checkpoint(principal, ckpt.uuid, ckpt.trial_id, owner_id, Action.CHANGE if write else Action.VIEW)

@@ -25,8 +25,8 @@ from hpc_master.api.schemas import MetricItem, MetricsBatchRequest
 from hpc_master.auth import hash_token
 from hpc_master.ingest.plain import plain_training_rows
 from hpc_master.services import harness, notify
+from hpc_master.services.access import Principal
 from hpc_master.services.metrics import MetricReport, ingest_metrics, pg_ingest_raw, sqlite_ingest_raw
-from hpc_master.services.users import Principal
 
 _PATH = re.compile(r"/api/v1/trials/([0-9]{1,18})/metrics/batch")
 MAX_FAST_BODY = 8 * 1024 * 1024

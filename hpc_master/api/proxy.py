@@ -35,8 +35,8 @@ from hpc_master.api.routes_tasks import TASK_ID_PATTERN
 from hpc_master.auth import hash_token
 from hpc_master.db.models import TaskModel, utcnow
 from hpc_master.errors import PermissionDeniedError, UnauthenticatedError
-from hpc_master.services import users
-from hpc_master.services.users import Principal
+from hpc_master.services import access, users
+from hpc_master.services.access import Principal
 from hpc_master.tasks.service import TaskState
 
 if TYPE_CHECKING:
@@ -155,10 +155,9 @@ def _lookup(state: AppState, token: str, task_id: str, by_cookie: bool) -> Targe
         except PermissionDeniedError as e:
             raise ProxyError(403, "permission_denied", str(e)) from None
         task = session.get(TaskModel, task_id)
-        mine = task is not None and task.owner_id == principal.user_id
-        if task is None or not (mine or principal.admin):
+        if task is None or not access.task_visible(principal, task.owner_id):
             raise ProxyError(404, "not_found", f"task {task_id} not found")
-        if not mine and by_cookie:
+        if by_cookie and not access.is_own(principal, task.owner_id):
             raise ProxyError(
                 403, "permission_denied",
                 f"task {task_id} is another user's: an admin reaches it with a bearer token, never with the "

@@ -15,7 +15,7 @@ from hpc_master.api.schemas import LoginRequest, PatchUserRequest, PostUserReque
 from hpc_master.auth import hash_token
 from hpc_master.db.models import UserModel
 from hpc_master.errors import ClientError, PermissionDeniedError
-from hpc_master.services import users
+from hpc_master.services import access, users
 from hpc_master.services.common import get_or_404
 from hpc_master.version import master_version
 
@@ -140,7 +140,7 @@ def patch_user(
     unix = body.unix_username or (body.agent_user_group or {}).get("agentUser")
     with state.tx() as session:
         current = session.get(UserModel, user_id)
-        may_change = principal.trial_id is None and (principal.admin or principal.user_id == user_id)
+        may_change = access.may_change_user(principal, user_id)
         renamed = body.username is not None and current is not None and current.username != body.username
         if renamed and may_change:  # (one who may not change the user is refused by patch_user)
             raise ClientError(

@@ -27,11 +27,11 @@ from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.schemas import ApiModel
 from hpc_master.db.models import ExperimentModel
 from hpc_master.errors import ClientError, NotFoundError
+from hpc_master.services import access
 from hpc_master.services import context as ctx
+from hpc_master.services.access import Principal
 from hpc_master.services.common import get_or_404
 from hpc_master.services.experiment_patch import MAX_LABEL_CHARS, change_label
-from hpc_master.services.experiments import can_modify
-from hpc_master.services.users import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["determined-compat"])
 
@@ -47,7 +47,7 @@ class ModelDefFileRequest(ApiModel):
 
 def _stored_context(session: Session, principal: Principal, experiment_id: int) -> bytes:
     experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
-    can_modify(principal, experiment)
+    access.experiment_private(principal, experiment)
     archive = experiment.context_archive
     if archive is None:
         raise NotFoundError(f"experiment {experiment_id} has no stored model definition")

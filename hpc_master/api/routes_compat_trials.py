@@ -29,9 +29,9 @@ from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.streams import open_stream, stream_threads
 from hpc_master.db.models import ExperimentModel, MetricModel, TrialModel
 from hpc_master.errors import ClientError
+from hpc_master.services import access
 from hpc_master.services import metrics as metric_svc
 from hpc_master.services.common import get_or_404
-from hpc_master.services.experiments import can_modify
 
 router = APIRouter(prefix="/api/v1", tags=["determined-compat"])
 
@@ -80,7 +80,8 @@ def _readable_trials(state: State, principal: UserPrincipal, trial_ids: list[int
     with state.tx() as session:
         for trial_id in trial_ids:
             trial = get_or_404(session, TrialModel, trial_id, "trial")
-            can_modify(principal, get_or_404(session, ExperimentModel, trial.experiment_id, "experiment"))
+            experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
+            access.experiment_private(principal, experiment)
     return sorted(trial_ids)
 
 

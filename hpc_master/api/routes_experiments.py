@@ -17,12 +17,12 @@ from hpc_master.db.models import ExperimentModel, TrialModel, utcnow
 from hpc_master.errors import ClientError, ConflictError
 from hpc_master.services import experiment_list, models_registry, notify, workspaces
 from hpc_master.services import experiments as exps
+from hpc_master.services.access import Principal
 from hpc_master.services.checkpoints import gc
 from hpc_master.services.checkpoints.usage import StorageTotals, experiment_totals, trial_totals_of_experiment
 from hpc_master.services.common import get_or_404
 from hpc_master.services.lifecycle import set_experiment_state
 from hpc_master.services.states import ExperimentState
-from hpc_master.services.users import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["experiments"])
 

@@ -25,11 +25,11 @@ from hpc_master.api.streams import long_poll
 from hpc_master.db.models import TrialModel
 from hpc_master.errors import PermissionDeniedError
 from hpc_master.services import harness, notify
+from hpc_master.services.access import Principal
 from hpc_master.services.checkpoints import records as ckpts
 from hpc_master.services.checkpoints import views as checkpoint_views
 from hpc_master.services.common import get_or_404
 from hpc_master.services.metrics import ingest_metrics
-from hpc_master.services.users import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["harness"])
 

@@ -34,7 +34,7 @@ from hpc_master.db.models import ModelVersionModel, RegistryModel
 from hpc_master.errors import NotFoundError
 from hpc_master.services import models_registry as reg
 from hpc_master.services import notify
-from hpc_master.services.users import Principal
+from hpc_master.services.access import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["models"])
 

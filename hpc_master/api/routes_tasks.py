@@ -30,8 +30,8 @@ from hpc_master.expconf import load_yaml
 from hpc_master.expconf.tasks import TaskConfig, TaskType
 from hpc_master.services import context as ctx
 from hpc_master.services import logs, notify
+from hpc_master.services.access import Principal
 from hpc_master.services.stored_config import task_config
-from hpc_master.services.users import Principal
 from hpc_master.taskjob import task_run_dir
 from hpc_master.tasks import service as svc
 from hpc_master.tasks.tensorboard import logdir_spec

@@ -21,8 +21,8 @@ from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.streams import open_stream, stream_threads
 from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel
 from hpc_master.errors import ClientError
+from hpc_master.services import access, logs, notify
 from hpc_master.services import experiments as exps
-from hpc_master.services import logs, notify
 from hpc_master.services import metrics as metric_svc
 from hpc_master.services.checkpoints.usage import StorageTotals, trial_totals
 from hpc_master.services.common import get_or_404
@@ -169,7 +169,7 @@ async def trial_logs(
     def snapshot() -> tuple[list[logs.LogSource], bool]:
         with state.tx() as session:
             trial = get_or_404(session, TrialModel, trial_id, "trial")
-            exps.can_modify(
+            access.experiment_private(
                 principal, get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
             )
             done = trial.state in TERMINAL_TRIAL_STATES and live_run_of(session, trial_id) is None

@@ -29,7 +29,7 @@ from hpc_master.api.bounds import INT32_MAX, Count64, Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.streams import open_stream, stream_threads
 from hpc_master.db.models import ExperimentModel, TrialModel, UserModel
-from hpc_master.services import redact
+from hpc_master.services import access, redact
 from hpc_master.services import webui as ui
 from hpc_master.services.common import get_or_404
 from hpc_master.services.curves.experiment import CurveCache, ExperimentCurves
@@ -366,7 +366,7 @@ def ui_experiments(
             )
             item["numTrials"] = row.num_trials
             item["bestSearcherMetric"] = row.best_metric
-            item["canModify"] = principal.admin or row.experiment.owner_id == principal.user_id
+            item["canModify"] = access.owns(principal, row.experiment.owner_id)
             items.append(item)
     return {"experiments": items, "pagination": convert.pagination(offset, limit, total, len(items))}
 

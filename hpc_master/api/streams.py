@@ -34,7 +34,7 @@ from starlette.responses import ContentStream, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from hpc_master.errors import TooManyRequestsError
-from hpc_master.services.users import Principal
+from hpc_master.services.access import Principal
 
 T = TypeVar("T")
 P = ParamSpec("P")

@@ -11,12 +11,12 @@ from sqlalchemy.orm import Session
 
 from hpc_master.db.models import ExperimentModel
 from hpc_master.errors import ClientError, NotFoundError
+from hpc_master.services import access
+from hpc_master.services.access import Action, Principal
 from hpc_master.services.checkpoints.policy import GC_FIELDS
 from hpc_master.services.common import record_event
-from hpc_master.services.experiments import can_modify
 from hpc_master.services.lifecycle import request_checkpoint_gc
 from hpc_master.services.stored_config import edited_config, stored_labels
-from hpc_master.services.users import Principal
 
 RESOURCE_DEFAULTS: dict[str, Any] = {"max_slots": None, "priority": None, "weight": 1.0}
 """The config's ``resources`` fields that Determined's ``PatchExperiment`` sets, each with the value that a
@@ -47,7 +47,7 @@ def patch_experiment(
     experiment = session.get(ExperimentModel, experiment_id, with_for_update=True)
     if experiment is None:
         raise NotFoundError(f"experiment {experiment_id} not found")
-    can_modify(principal, experiment)
+    access.experiment(principal, experiment, Action.CHANGE)
     values, set_in_config = _named_fields(name, description, labels)
     policy = _gc_policy(gc_policy)
     wanted = _resources(resources)
@@ -144,7 +144,7 @@ def change_label(
     experiment = session.get(ExperimentModel, experiment_id)
     if experiment is None:
         raise NotFoundError(f"experiment {experiment_id} not found")
-    can_modify(principal, experiment)
+    access.experiment(principal, experiment, Action.CHANGE)
     labels = stored_labels(experiment)
     wanted = [*labels, label] if add else [x for x in labels if x != label]
     if add:

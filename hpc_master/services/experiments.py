@@ -18,10 +18,12 @@ from hpc_master.db.models import (
     TrialRunModel,
     UserModel,
 )
-from hpc_master.errors import ClientError, PermissionDeniedError
+from hpc_master.errors import ClientError
 from hpc_master.expconf import ExperimentConfig
 from hpc_master.masterconf import MasterConfig
+from hpc_master.services import access
 from hpc_master.services import context as ctx
+from hpc_master.services.access import Action, Principal
 from hpc_master.services.common import InvalidTransitionError, get_or_404, record_event
 from hpc_master.services.lifecycle import (
     call_off_stop,
@@ -37,7 +39,6 @@ from hpc_master.services.states import (
     TerminationReason,
     TrialState,
 )
-from hpc_master.services.users import Principal
 
 
 @dataclass(frozen=True)
@@ -66,12 +67,6 @@ def searcher_metric(config: ExperimentConfig | None) -> tuple[str | None, bool]:
     if searcher is None:
         return None, True
     return searcher.metric, searcher.smaller_is_better
-
-
-def can_modify(principal: Principal, experiment: ExperimentModel) -> None:
-    principal.require_user()
-    if not principal.admin and experiment.owner_id != principal.user_id:
-        raise PermissionDeniedError(f"experiment {experiment.id} belongs to another user")
 
 
 def create_experiment(
@@ -151,7 +146,7 @@ def trial_counts(session: Session, experiment_id: int) -> dict[str, int]:
 
 def pause_experiment(session: Session, principal: Principal, experiment_id: int) -> ExperimentModel:
     experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
-    can_modify(principal, experiment)
+    access.experiment(principal, experiment, Action.CHANGE)
     set_experiment_state(session, experiment, ExperimentState.PAUSED, f"paused by {principal.username}")
     for trial in _trials(session, experiment_id, {TrialState.ACTIVE}):
         trial.pause_reason = TerminationReason.PAUSED_BY_USER
@@ -164,7 +159,7 @@ def pause_experiment(session: Session, principal: Principal, experiment_id: int)
 
 def activate_experiment(session: Session, principal: Principal, experiment_id: int) -> ExperimentModel:
     experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
-    can_modify(principal, experiment)
+    access.experiment(principal, experiment, Action.CHANGE)
     set_experiment_state(session, experiment, ExperimentState.ACTIVE, f"activated by {principal.username}")
     for trial in _trials(session, experiment_id, {TrialState.PAUSED}):
         if trial.pause_reason in (None, TerminationReason.PAUSED_BY_USER):
@@ -182,7 +177,7 @@ def _stop_experiment(
     session: Session, principal: Principal, experiment_id: int, *, kill: bool
 ) -> ExperimentModel:
     experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
-    can_modify(principal, experiment)
+    access.experiment(principal, experiment, Action.CHANGE)
     if experiment.state in TERMINAL_EXPERIMENT_STATES:
         return experiment
     exp_state = ExperimentState.STOPPING_KILLED if kill else ExperimentState.STOPPING_CANCELED
@@ -221,7 +216,7 @@ def kill_experiment(session: Session, principal: Principal, experiment_id: int) 
 def kill_trial(session: Session, principal: Principal, trial_id: int) -> TrialModel:
     trial = get_or_404(session, TrialModel, trial_id, "trial")
     experiment = get_or_404(session, ExperimentModel, trial.experiment_id, "experiment")
-    can_modify(principal, experiment)
+    access.experiment(principal, experiment, Action.CHANGE)
     stop_trial(session, trial, kill=True, reason=f"killed by {principal.username}")
     return trial
 
@@ -230,7 +225,7 @@ def set_archived(
     session: Session, principal: Principal, experiment_id: int, archived: bool
 ) -> ExperimentModel:
     experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
-    can_modify(principal, experiment)
+    access.experiment(principal, experiment, Action.CHANGE)
     if archived and experiment.state not in TERMINAL_EXPERIMENT_STATES:
         raise InvalidTransitionError(
             f"experiment {experiment_id} is {experiment.state}; only finished ones archive"
@@ -242,7 +237,7 @@ def set_archived(
 def begin_delete(session: Session, principal: Principal, experiment_id: int) -> list[str]:
     """Mark a finished experiment DELETING; returns its checkpoint uuids (the caller removes the files)."""
     experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
-    can_modify(principal, experiment)
+    access.experiment(principal, experiment, Action.CHANGE)
     set_experiment_state(session, experiment, ExperimentState.DELETING, f"deleted by {principal.username}")
     return list(
         session.scalars(

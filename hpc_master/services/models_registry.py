@@ -37,11 +37,11 @@ from hpc_master.db.models import (
     UserModel,
     utcnow,
 )
-from hpc_master.errors import ClientError, ConflictError, NotFoundError, PermissionDeniedError
-from hpc_master.services import workspaces
+from hpc_master.errors import ClientError, ConflictError, NotFoundError
+from hpc_master.services import access, workspaces
+from hpc_master.services.access import Action, Principal
 from hpc_master.services.checkpoints.views import CheckpointView, views_by_uuid
 from hpc_master.services.lifecycle import request_checkpoint_gc
-from hpc_master.services.users import Principal
 
 NAME_MAX_CHARS = 256
 WORKSPACE_ID = workspaces.DEFAULT_ID
@@ -112,12 +112,6 @@ def find_model(session: Session, identifier: str, *, for_update: bool = False) -
     if model is None:
         raise NotFoundError(f"model {identifier!r} not found")
     return model
-
-
-def can_change(principal: Principal, model: RegistryModel) -> None:
-    principal.require_user()
-    if not principal.admin and model.user_id != principal.user_id:
-        raise PermissionDeniedError(f"model {model.name!r} belongs to another user")
 
 
 def _check_not_archived(model: RegistryModel, doing: str) -> None:
@@ -297,7 +291,7 @@ def patch_model(
     """Change a model's `name`, `description`, `metadata` (replaced), `labels` (replaced) or `notes`; the
     owner or an admin, not while archived (as Determined)."""
     model = find_model(session, identifier, for_update=True)
-    can_change(principal, model)
+    access.model(principal, model)
     _check_not_archived(model, "change it")
     new_name = changes.get("name")
     if new_name is not None and new_name != model.name:
@@ -318,7 +312,7 @@ def patch_model(
 
 def set_archived(session: Session, principal: Principal, identifier: str, archived: bool) -> None:
     model = find_model(session, identifier, for_update=True)
-    can_change(principal, model)
+    access.model(principal, model)
     if model.archived != archived:
         model.archived = archived
         model.last_updated_time = utcnow()
@@ -327,7 +321,7 @@ def set_archived(session: Session, principal: Principal, identifier: str, archiv
 def delete_model(session: Session, principal: Principal, identifier: str) -> None:
     """Delete a model and its versions (the owner or an admin); their checkpoints are collectible again."""
     model = find_model(session, identifier, for_update=True)
-    can_change(principal, model)
+    access.model(principal, model)
     uuids = session.scalars(
         select(ModelVersionModel.checkpoint_uuid).where(ModelVersionModel.model_id == model.id)
     )
@@ -369,7 +363,7 @@ def register_version(
     the user's own experiment (admins: any), COMPLETED and not being deleted. The checkpoint's row is
     locked until the commit, so a GC that claims it afterwards sees the version (``checkpoint_gc.claim``)."""
     model = find_model(session, identifier, for_update=True)
-    can_change(principal, model)
+    access.model(principal, model)
     _check_not_archived(model, "register versions")
     ckpt = session.get(CheckpointModel, checkpoint_uuid, with_for_update=True)
     if ckpt is None:
@@ -379,11 +373,7 @@ def register_version(
         .join(TrialModel, TrialModel.experiment_id == ExperimentModel.id)
         .where(TrialModel.id == ckpt.trial_id)
     )
-    if not principal.admin and owner_id != principal.user_id:
-        raise PermissionDeniedError(
-            f"checkpoint {checkpoint_uuid} belongs to another user's experiment: only its owner (or an "
-            "admin) may register it"
-        )
+    access.checkpoint(principal, checkpoint_uuid, ckpt.trial_id, owner_id or 0, Action.CHANGE)
     if ckpt.state != "COMPLETED":
         raise ConflictError(
             f"checkpoint {checkpoint_uuid} is {ckpt.state}; model versions must be COMPLETED checkpoints",
@@ -438,7 +428,7 @@ def patch_version(
 ) -> tuple[RegistryModel, ModelVersionModel]:
     """Change a version's `name`, `comment`, `notes`, `metadata` or `labels` (its checkpoint stays)."""
     model, version = get_version(session, identifier, number, for_update=True)
-    can_change(principal, model)
+    access.model(principal, model)
     _check_not_archived(model, "change its versions")
     for field in ("name", "comment", "notes"):
         if changes.get(field) is not None:
@@ -456,7 +446,7 @@ def delete_version(session: Session, principal: Principal, identifier: str, numb
     """Delete a version (the model's owner or an admin); its checkpoint is collectible again, and a GC of
     its experiment is requested."""
     model, version = get_version(session, identifier, number, for_update=True)
-    can_change(principal, model)
+    access.model(principal, model)
     uuid = version.checkpoint_uuid
     session.delete(version)
     model.last_updated_time = utcnow()

@@ -18,9 +18,10 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from hpc_master.expconf.hyperparameters import HP_TYPES
+from hpc_master.services import access
 
 if TYPE_CHECKING:
-    from hpc_master.services.users import Principal
+    from hpc_master.services.access import Principal
 
 MASK = "********"
 SECRET_WORDS = frozenset({"password", "passwd", "passphrase", "secret", "token", "credential", "credentials"})
@@ -86,7 +87,7 @@ def masked(value: dict[str, Any]) -> dict[str, Any]:
 
 def reveals(viewer: Principal, owner_id: int) -> bool:
     """Whether `viewer` sees the secrets of an experiment (and its trials) that `owner_id` owns."""
-    return viewer.admin or viewer.user_id == owner_id
+    return access.sees_secrets(viewer, owner_id)
 
 
 def shown(value: dict[str, Any], viewer: Principal, owner_id: int) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-from dataclasses import dataclass
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
@@ -16,32 +15,16 @@ from hpc_master.errors import (
     ClientError,
     ConfigError,
     ConflictError,
-    PermissionDeniedError,
     UnauthenticatedError,
+)
+from hpc_master.services import access
+from hpc_master.services.access import (
+    Principal as Principal,  # re-exported: older callers (bench base trees) import it here
 )
 from hpc_master.services.common import get_or_404
 
 DEFAULT_USERS = ("admin", "determined")
 TRIAL_TOKEN_TTL = dt.timedelta(days=30)
-
-
-@dataclass(frozen=True)
-class Principal:
-    """Who is calling: a user, or the harness of one trial (``trial_id`` set)."""
-
-    user_id: int
-    username: str
-    admin: bool
-    trial_id: int | None = None
-
-    def require_user(self) -> None:
-        if self.trial_id is not None:
-            raise PermissionDeniedError("a per-trial token can only call its own trial's harness routes")
-
-    def require_admin(self) -> None:
-        self.require_user()
-        if not self.admin:
-            raise PermissionDeniedError("only an admin can do this")
 
 
 class TokenCache:
@@ -277,10 +260,8 @@ def patch_user(
     Determined's client-side hash of it (``auth.determined_hash``)."""
     principal.require_user()
     user = get_or_404(session, UserModel, user_id, "user")
-    own = user.id == principal.user_id
-    privileged = active is not None or admin is not None or unix_username is not None
-    if not principal.admin and (not own or privileged):
-        raise PermissionDeniedError("only an admin can change other users or user flags")
+    flags = active is not None or admin is not None or unix_username is not None
+    access.user_account(principal, user.id, flags=flags)
     if _demotes_active_admin(user, admin=admin, active=active):
         _refuse_removing_last_admin(session, user)
     if password is not None:

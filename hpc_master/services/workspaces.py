@@ -16,8 +16,9 @@ from sqlalchemy.orm import Session
 from hpc_master.db.models import ExperimentModel, UserModel
 from hpc_master.errors import NotFoundError
 from hpc_master.expconf import ExperimentConfig
+from hpc_master.services import access
+from hpc_master.services.access import Principal
 from hpc_master.services.states import ExperimentState
-from hpc_master.services.users import Principal
 
 DEFAULT_ID = 1
 DEFAULT_NAME = "Uncategorized"
@@ -53,9 +54,9 @@ def _owner(session: Session) -> tuple[int, str]:
 
 def _counts(session: Session, principal: Principal) -> tuple[int, int]:
     """The experiments the caller may see (its own; all for an admin), and how many of them are active."""
-    query = select(func.count()).select_from(ExperimentModel)
-    if not principal.admin:
-        query = query.where(ExperimentModel.owner_id == principal.user_id)
+    query = access.only_own(
+        select(func.count()).select_from(ExperimentModel), ExperimentModel.owner_id, principal
+    )
     total = session.scalar(query) or 0
     active = session.scalar(query.where(ExperimentModel.state == ExperimentState.ACTIVE)) or 0
     return int(total), int(active)

@@ -26,8 +26,9 @@ from sqlalchemy.orm import Session
 from hpc_master.db.models import TaskModel, UserModel, utcnow
 from hpc_master.errors import ClientError, NotFoundError
 from hpc_master.expconf.tasks import TaskConfig, TaskType
+from hpc_master.services import access
+from hpc_master.services.access import Principal
 from hpc_master.services.stored_config import task_config
-from hpc_master.services.users import Principal
 
 MAX_LIVE_TASKS_PER_USER = 100
 """Tasks not yet terminated, per user: a runaway script gets an error, not a thousand jobs."""
@@ -111,7 +112,7 @@ def get_task(
     task = session.get(TaskModel, task_id)
     if (
         task is None
-        or (not principal.admin and task.owner_id != principal.user_id)
+        or not access.task_visible(principal, task.owner_id)
         or (task_type is not None and task.task_type != task_type.value)
     ):
         what = task_type.lower() if task_type else "task"
@@ -133,12 +134,9 @@ def list_tasks(
     stmt = select(TaskModel, UserModel).join(UserModel, UserModel.id == TaskModel.owner_id)
     if task_type is not None:
         stmt = stmt.where(TaskModel.task_type == task_type.value)
-    if not principal.admin:
-        stmt = stmt.where(TaskModel.owner_id == principal.user_id)
-    elif usernames:
+    stmt = access.only_own(stmt, TaskModel.owner_id, principal, everyone=everyone or bool(usernames))
+    if usernames and access.lists_everyone(principal):
         stmt = stmt.where(UserModel.username.in_(list(usernames)))
-    elif not everyone:
-        stmt = stmt.where(TaskModel.owner_id == principal.user_id)
     if live_only:
         stmt = stmt.where(TaskModel.state.in_(LIVE_STATES))
     stmt = stmt.order_by(TaskModel.start_time.desc(), TaskModel.id).limit(limit)

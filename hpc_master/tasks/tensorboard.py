@@ -16,8 +16,9 @@ from harness.exec.job_plan import tensorboard_path
 from hpc_master.db.models import ExperimentModel, TrialModel
 from hpc_master.errors import ClientError, NotFoundError
 from hpc_master.expconf import DirectoryStorage
+from hpc_master.services import access
+from hpc_master.services.access import Principal
 from hpc_master.services.stored_config import experiment_config
-from hpc_master.services.users import Principal
 from hpc_master.trialjob import checkpoint_root_of
 
 MAX_TRIALS = 1000
@@ -72,8 +73,7 @@ def _checkpoint_root(session: Session, principal: Principal, exp_id: int, defaul
     """Where the experiment keeps its trials' files, once `principal` may see it (a user: their own)."""
     exp = session.get(ExperimentModel, exp_id)
     assert exp is not None
-    if not principal.admin and exp.owner_id != principal.user_id:
-        raise NotFoundError(f"experiment {exp_id} not found among yours")
+    access.readable_experiment_root(principal, exp.owner_id, exp_id)
     config = experiment_config(exp)
     if isinstance(config.checkpoint_storage, DirectoryStorage):
         raise ClientError(

@@ -14,8 +14,8 @@ from hpc_master import auth, owner_key
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import Base, SessionModel, UserModel, utcnow
 from hpc_master.services import lifecycle
+from hpc_master.services.access import Principal
 from hpc_master.services.experiments import create_experiment as create_experiment_service
-from hpc_master.services.users import Principal
 
 CONFIG = """\
 name: mnist

@@ -29,6 +29,7 @@ from hpc_master.db.models import (
 )
 from hpc_master.services import experiments as exps
 from hpc_master.services import lifecycle
+from hpc_master.services.access import Principal
 from hpc_master.services.checkpoints import gc
 from hpc_master.services.checkpoints.gc import CheckpointCollector, retry_delay
 from hpc_master.services.checkpoints.policy import GCPolicy
@@ -38,7 +39,6 @@ from hpc_master.services.checkpoints.usage import experiment_totals, trial_total
 from hpc_master.services.checkpoints.views import CheckpointQuery, experiment_checkpoints, get_view
 from hpc_master.services.experiment_patch import patch_experiment
 from hpc_master.services.states import TerminationReason, TrialState
-from hpc_master.services.users import Principal
 from tests.conftest import require
 
 from .helpers import CONFIG

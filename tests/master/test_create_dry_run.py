@@ -21,7 +21,7 @@ from hpc_master.db.models import ExperimentModel, UserModel
 from hpc_master.errors import ConfigError
 from hpc_master.masterconf import MasterConfig, parse_master_config
 from hpc_master.services import experiments as exps
-from hpc_master.services.users import Principal
+from hpc_master.services.access import Principal
 from tests.master.helpers import context_file, count, login
 
 BASE: dict[str, Any] = {

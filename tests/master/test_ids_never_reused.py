@@ -22,7 +22,7 @@ from hpc_master.db.models import (
 )
 from hpc_master.services import experiments as exps
 from hpc_master.services import lifecycle
-from hpc_master.services.users import Principal
+from hpc_master.services.access import Principal
 
 from .helpers import CONFIG
 

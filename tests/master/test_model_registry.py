@@ -29,12 +29,12 @@ from hpc_master.db.models import (
     UserModel,
 )
 from hpc_master.services import lifecycle, models_registry
+from hpc_master.services.access import Principal
 from hpc_master.services.checkpoints import gc
 from hpc_master.services.checkpoints.gc import CheckpointCollector
 from hpc_master.services.checkpoints.records import CheckpointReport, report_checkpoint
 from hpc_master.services.checkpoints.remover import CheckpointRemover
 from hpc_master.services.states import ExperimentState, TerminationReason
-from hpc_master.services.users import Principal
 
 from .helpers import create_experiment, login, make_user
 

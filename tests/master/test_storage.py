@@ -12,10 +12,10 @@ from hpc_master.db.migrate import upgrade_to_head
 from hpc_master.db.models import EventModel, ExperimentModel, MetricModel, TrialModel, UserModel
 from hpc_master.services import experiments as exps
 from hpc_master.services import harness, lifecycle
+from hpc_master.services.access import Principal
 from hpc_master.services.common import InvalidTransitionError
 from hpc_master.services.metrics import MetricReport, ingest_metrics
 from hpc_master.services.states import ExperimentState, RunState, TerminationReason, TrialState
-from hpc_master.services.users import Principal
 
 from .helpers import CONFIG, count
 

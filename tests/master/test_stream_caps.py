@@ -25,7 +25,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from hpc_master.api.app import create_app
 from hpc_master.db.engine import transaction
 from hpc_master.masterconf import MasterConfig, parse_master_config
-from hpc_master.services.users import Principal, mint_trial_token
+from hpc_master.services.access import Principal
+from hpc_master.services.users import mint_trial_token
 from tests.cli.conftest import running_master
 from tests.master.helpers import CONFIG, context_file
 from tests.webui.conftest import free_port, serve

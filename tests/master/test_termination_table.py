@@ -29,6 +29,7 @@ from hpc_master.db.engine import transaction
 from hpc_master.db.models import SearcherOpCompletionModel, TrialModel, TrialRunModel, UserModel
 from hpc_master.lifecycle.jobs import record_run_end
 from hpc_master.services import lifecycle as svc
+from hpc_master.services.access import Principal
 from hpc_master.services.experiments import create_experiment
 from hpc_master.services.states import (
     STOPPING_TRIAL_END,
@@ -40,7 +41,6 @@ from hpc_master.services.states import (
     TrialState,
     next_step,
 )
-from hpc_master.services.users import Principal
 from slurm_backend import JobStatus, Outcome
 
 R = TerminationReason

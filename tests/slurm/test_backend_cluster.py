@@ -142,8 +142,10 @@ def test_poller_tracks_five_jobs_with_one_squeue_per_poll(
     # one squeue per refresh, batching every live id; sacct at most once per refresh, never per job
     assert len(squeue_argvs) == refreshes
     assert "--jobs=" + ",".join(sorted(jobs.values(), key=int)) in squeue_argvs[0]
-    assert runner.calls["sacct"] <= refreshes
-    assert runner.calls["scontrol"] == 0  # accounting works: exit codes come from the batched sacct
+    assert 1 <= runner.calls["sacct"] <= refreshes
+    # Exit codes come from the batched sacct; scontrol only for a job whose end slurmdbd had not recorded yet
+    # (it lags behind slurmctld under load: CI saw one), once for that job, never once per job per poll.
+    assert runner.calls["scontrol"] <= len(jobs)
     # terminal states are cached: polling again asks Slurm nothing
     before = sum(runner.calls.values())
     poller.poll(force=True)
