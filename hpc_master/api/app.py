@@ -19,21 +19,20 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hpc_master import owner_key
 from hpc_master.api import (
+    http_errors,
     proxy,
     responses,
     responses_ui,
-    routes_auth,
+    routes_allocations,
     routes_checkpoints,
-    routes_compat,
-    routes_compat_experiments,
-    routes_compat_trials,
     routes_experiments,
-    routes_harness,
     routes_master,
+    routes_metrics,
     routes_models,
     routes_tasks,
     routes_trials,
     routes_ui,
+    routes_users,
     routes_workspaces,
 )
 from hpc_master.api.deps import AppState, get_principal
@@ -274,28 +273,28 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
 
     app.router.on_shutdown.append(close_proxy)
     install_error_handlers(app)
-    # The harness routes first: the hot metrics route is matched after fewer patterns. The UI's data
-    # routes before the trials' (``/trials/time-series`` is not ``/trials/{trial_id}``).
+    # One router per resource; Determined's compatibility is an OpenAPI tag (``determined-compat``), the
+    # harness's routes are tagged ``harness``. The metrics routes first: the hot metrics route is matched
+    # after fewer patterns, and ``/trials/time-series`` before ``/trials/{trial_id}``.
     for module in (
-        routes_harness,
+        routes_metrics,
+        routes_allocations,
         routes_ui,
-        routes_auth,
+        routes_users,
         routes_experiments,
         routes_checkpoints,
         routes_models,
         routes_trials,
-        routes_compat,  # Determined's client's own routes (docs/determined-client.md)
-        routes_compat_experiments,  # Determined's experiment routes (model_def, labels)
         routes_workspaces,  # Determined's one default workspace and project
-        routes_compat_trials,  # Determined's trial metric streams (Trial.iter_metrics)
         routes_tasks,  # commands (and every task's list and logs)
     ):
         app.include_router(module.router, responses=responses.ERRORS)
-    app.include_router(routes_checkpoints.legacy, responses=responses.ERRORS)  # before the UI's /experiments/
-    app.include_router(routes_master.router, responses=responses.ERRORS)  # admins: GET /api/v1/master/config
+    app.include_router(routes_experiments.legacy, responses=responses.ERRORS)  # before the UI's /experiments/
+    app.include_router(routes_master.router, responses=responses.ERRORS)  # /api/v1/master...
+    app.include_router(routes_master.bare, responses=responses.ERRORS)  # GET /info
     app.include_router(proxy.router)  # /proxy/{task_id}/: notebooks and TensorBoards, owner-only
     routes_ui.install(app)  # the web UI's pages at /, its assets at /webui/
-    routes_compat.install(app)  # after the UI's: a missing /api/ route's 404 says so, for Determined's client
+    http_errors.install(app)  # after the UI's: a missing /api/ route's 404 says so, for Determined's client
     openapi = app.openapi
     app.openapi = lambda: responses_ui.errors_as_json(openapi())  # type: ignore[method-assign]
     app.add_middleware(MetricsFastPath)

@@ -17,104 +17,27 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from sqlalchemy import select
 
 from hpc_master.api import convert, responses
-from hpc_master.api.bounds import Count32, Id, Limit, Offset
-from hpc_master.api.deps import AnyPrincipal, State, UserPrincipal, check_checkpoint_access
-from hpc_master.api.schemas import DeleteCheckpointsRequest, PatchExperimentRequest
-from hpc_master.db.models import ExperimentModel, TrialModel, UserModel, utcnow
-from hpc_master.errors import ClientError, ConflictError
-from hpc_master.services import models_registry, notify
+from hpc_master.api.bounds import Id, Limit, Offset
+from hpc_master.api.deps import (
+    AnyPrincipal,
+    State,
+    UserPrincipal,
+    check_checkpoint_access,
+    check_trial_access,
+)
+from hpc_master.api.schemas import DeleteCheckpointsRequest, ReportCheckpointRequest
+from hpc_master.db.models import ExperimentModel, TrialModel, utcnow
+from hpc_master.errors import ConflictError
+from hpc_master.services import models_registry
 from hpc_master.services.checkpoints import gc, views
 from hpc_master.services.checkpoints import records as ckpts
-from hpc_master.services.checkpoints.policy import GCPolicy
-from hpc_master.services.checkpoints.usage import StorageTotals, experiment_totals
+from hpc_master.services.checkpoints import views as checkpoint_views
 from hpc_master.services.common import get_or_404
-from hpc_master.services.experiment_patch import patch_experiment
-from hpc_master.services.experiments import searcher_metric
 from hpc_master.services.states import TERMINAL_TRIAL_STATES
-from hpc_master.services.stored_config import experiment_config
 
 router = APIRouter(prefix="/api/v1", tags=["checkpoints"])
-legacy = APIRouter(include_in_schema=False)
-"""Determined's own CLI asks for ``/experiments/{id}/preview_gc`` (no ``/api/v1``)."""
-
-
-@router.patch("/experiments/{experiment_id}", response_model=responses.ExperimentAnswer)
-def patch(
-    experiment_id: Id, body: PatchExperimentRequest, principal: UserPrincipal, state: State
-) -> dict[str, Any]:
-    if body.id is not None and body.id != experiment_id:
-        raise ClientError(f"the body's id {body.id} is not experiment {experiment_id}", field="id")
-    if body.notes:
-        raise ClientError("this master keeps no experiment notes (use the description)", field="notes")
-    storage = body.checkpoint_storage
-    # A resources field sent as null goes back to its default; one left out keeps its value.
-    resources = body.resources.model_dump(include=body.resources.model_fields_set) if body.resources else None
-    with state.tx() as session:
-        experiment = patch_experiment(
-            session, principal, experiment_id, name=body.name, description=body.description,
-            labels=body.labels, gc_policy=storage.model_dump() if storage is not None else None,
-            resources=resources,
-        )  # fmt: skip
-        owner = get_or_404(session, UserModel, experiment.owner_id, "user")
-        trial_ids = session.scalars(select(TrialModel.id).where(TrialModel.experiment_id == experiment_id))
-        totals = experiment_totals(session, [experiment_id]).get(experiment_id)
-        answer = {
-            "experiment": convert.experiment_to_api(
-                experiment,
-                owner.username,
-                sorted(trial_ids),
-                viewer=principal,
-                storage=totals or StorageTotals(),
-            )
-        }
-    notify.changed()  # the loop collects under the new policy at once
-    return answer
-
-
-@router.get("/experiments/{experiment_id}/preview_gc", response_model=responses.PreviewGC)
-@legacy.get("/experiments/{experiment_id}/preview_gc", response_model=responses.PreviewGC)
-def preview_gc(
-    experiment_id: Id,
-    principal: UserPrincipal,
-    state: State,
-    save_experiment_best: Count32 | None = None,
-    save_trial_best: Count32 | None = None,
-    save_trial_latest: Count32 | None = None,
-) -> dict[str, Any]:
-    """The checkpoints a policy would delete now; a field left out is the experiment's own."""
-    given = {"save_experiment_best": save_experiment_best, "save_trial_best": save_trial_best,
-             "save_trial_latest": save_trial_latest}  # fmt: skip
-    with state.tx() as session:
-        experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
-        default = GCPolicy(**state.config.checkpoint_storage.model_dump(include=set(given)))
-        config = experiment_config(experiment)
-        policy = GCPolicy.of({**gc.experiment_policy(config, default).as_dict(),
-                              **{k: v for k, v in given.items() if v is not None}})  # fmt: skip
-        items = gc.preview(session, experiment_id, policy)
-        metric_name, _ = searcher_metric(config)
-        checkpoints = [_previewed(p) for p in items]
-    return {"checkpoints": checkpoints, "metric_name": metric_name, "policy": policy.as_dict()}
-
-
-def _previewed(p: gc.Previewed) -> dict[str, Any]:
-    """Determined's ``CheckpointByUUIDs`` row shape (its CLI reads these keys), plus size and metric."""
-    c = p.checkpoint
-    validation = p.validation.get("avgMetrics", p.validation) if p.validation else None
-    return {
-        "UUID": c.uuid,
-        "TrialID": c.trial_id,
-        "StepsCompleted": c.steps_completed,
-        "State": c.state,
-        "ReportTime": convert.iso(c.report_time),
-        "Resources": c.resources,
-        "Metadata": c.metadata_,
-        "ValidationMetrics": validation,
-        "SearcherMetric": p.metric,
-        "Size": c.size_bytes or 0,
-    }
 
 
 @router.delete("/checkpoints", response_model=responses.DeletedCheckpoints)
@@ -216,3 +139,35 @@ def trial_checkpoints(
         page = views.trial_checkpoints(session, trial_id, query)
         items = convert.checkpoints_to_api(page.views, principal, state.config.checkpoint_dir())
     return {"checkpoints": items, "pagination": convert.pagination(offset, limit, page.total, len(items))}
+
+
+@router.post("/checkpoints", tags=["harness"], response_model=responses.Empty)
+def report_checkpoint(body: ReportCheckpointRequest, principal: AnyPrincipal, state: State) -> dict[str, Any]:
+    c = body.checkpoint
+    steps = c.metadata.get("steps_completed", 0)
+    with state.tx() as session:
+        check_trial_access(session, principal, c.trial_id, write=True)
+        ckpts.report_checkpoint(
+            session,
+            ckpts.CheckpointReport(
+                uuid=c.uuid,
+                trial_id=c.trial_id,
+                trial_run_id=c.trial_run_id,
+                steps_completed=steps if isinstance(steps, int) else 0,
+                resources=c.resources,
+                metadata=c.metadata,
+                state=c.state,
+                report_time=c.report_time,
+            ),
+        )
+    return {}
+
+
+@router.get("/checkpoints/{uuid}", tags=["harness"], response_model=responses.CheckpointAnswer)
+def get_checkpoint(uuid: str, principal: AnyPrincipal, state: State) -> dict[str, Any]:
+    """Determined's ``GetCheckpoint`` (its client's ``det checkpoint describe|download``,
+    ``client.get_checkpoint``), and the harness's read of a checkpoint's metadata."""
+    with state.tx() as session:
+        view = checkpoint_views.get_view(session, uuid)
+        check_checkpoint_access(principal, view.checkpoint, view.experiment.owner_id, write=False)
+        return {"checkpoint": convert.checkpoint_to_api(view, principal, state.config.checkpoint_dir())}

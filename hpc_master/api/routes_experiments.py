@@ -1,30 +1,58 @@
-"""Experiments: create, list, get, actions, trials (their checkpoints: ``routes_checkpoints``)."""
+"""Experiments: create, list, get, edit (``PATCH``: name, description, labels, resources and the checkpoint GC
+policy, collected at once), the actions, their trials, what a GC policy would delete (``preview_gc``, also
+without the ``/api/v1`` prefix, as Determined's CLI asks), the searcher's best validation (the harness asks),
+and the routes below that Determined's CLI and SDK call (tagged ``determined-compat``). Their checkpoints'
+list is in ``routes_checkpoints``; their metric streams in ``routes_ui``.
+
+The experiment routes that Determined's CLI and SDK call and hpc-det's ``det`` does not (paths, fields and
+answers are Determined's, ``determined/common/api/bindings.py``; ``docs/determined-client.md``):
+
+- ``GET /api/v1/experiments/{id}/model_def`` (``GetModelDef``: ``det e download-model-def``, the SDK's
+  ``Experiment.download_code()``): the context uploaded with the experiment, as the master stored it, a
+  gzip'd tar in ``b64Tgz``;
+- ``GET /api/v1/experiments/{id}/file_tree`` and ``POST /api/v1/experiments/{id}/file`` (``GetModelDefTree``,
+  ``GetModelDefFile``): its files, and one of them;
+- ``PUT`` and ``DELETE /api/v1/experiments/{id}/labels/{label}`` (the SDK's ``add_label``, ``remove_label``).
+
+The context is read from the database only, never from a path a request names. Only the experiment's owner
+and admins may read it (it is code, which may hold what other users should not see, as the config's
+secret-looking values are masked for them) or change its labels.
+"""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from hpc_master.api import convert, responses
-from hpc_master.api.bounds import Id, Limit, Offset
-from hpc_master.api.deps import State, UserPrincipal
-from hpc_master.api.schemas import CreateExperimentRequest
-from hpc_master.db.models import ExperimentModel, TrialModel, utcnow
-from hpc_master.errors import ClientError, ConflictError
-from hpc_master.services import experiment_list, models_registry, notify, workspaces
+from hpc_master.api.bounds import Count32, Id, Limit, Offset
+from hpc_master.api.deps import AnyPrincipal, State, UserPrincipal
+from hpc_master.api.schemas import ApiModel, CreateExperimentRequest, PatchExperimentRequest
+from hpc_master.db.models import ExperimentModel, TrialModel, UserModel, utcnow
+from hpc_master.errors import ClientError, ConflictError, NotFoundError, PermissionDeniedError
+from hpc_master.services import access, experiment_list, harness, models_registry, notify, workspaces
+from hpc_master.services import context as ctx
 from hpc_master.services import experiments as exps
 from hpc_master.services.access import Principal
 from hpc_master.services.checkpoints import gc
+from hpc_master.services.checkpoints.policy import GCPolicy
 from hpc_master.services.checkpoints.usage import StorageTotals, experiment_totals, trial_totals_of_experiment
 from hpc_master.services.common import get_or_404
+from hpc_master.services.experiment_patch import MAX_LABEL_CHARS, change_label, patch_experiment
+from hpc_master.services.experiments import searcher_metric
 from hpc_master.services.lifecycle import set_experiment_state
 from hpc_master.services.states import ExperimentState
+from hpc_master.services.stored_config import experiment_config
 
 router = APIRouter(prefix="/api/v1", tags=["experiments"])
+legacy = APIRouter(include_in_schema=False)
+"""Determined's own CLI asks for ``/experiments/{id}/preview_gc`` (no ``/api/v1``)."""
 
 
 def _trial_ids(session: Session, experiment_id: int) -> list[int]:
@@ -237,3 +265,170 @@ def experiment_trials(
             for t in page
         ]
     return {"trials": items, "pagination": convert.pagination(offset, limit, len(trials), len(items))}
+
+
+@router.patch("/experiments/{experiment_id}", response_model=responses.ExperimentAnswer)
+def patch(
+    experiment_id: Id, body: PatchExperimentRequest, principal: UserPrincipal, state: State
+) -> dict[str, Any]:
+    if body.id is not None and body.id != experiment_id:
+        raise ClientError(f"the body's id {body.id} is not experiment {experiment_id}", field="id")
+    if body.notes:
+        raise ClientError("this master keeps no experiment notes (use the description)", field="notes")
+    storage = body.checkpoint_storage
+    # A resources field sent as null goes back to its default; one left out keeps its value.
+    resources = body.resources.model_dump(include=body.resources.model_fields_set) if body.resources else None
+    with state.tx() as session:
+        experiment = patch_experiment(
+            session, principal, experiment_id, name=body.name, description=body.description,
+            labels=body.labels, gc_policy=storage.model_dump() if storage is not None else None,
+            resources=resources,
+        )  # fmt: skip
+        owner = get_or_404(session, UserModel, experiment.owner_id, "user")
+        trial_ids = session.scalars(select(TrialModel.id).where(TrialModel.experiment_id == experiment_id))
+        totals = experiment_totals(session, [experiment_id]).get(experiment_id)
+        answer = {
+            "experiment": convert.experiment_to_api(
+                experiment,
+                owner.username,
+                sorted(trial_ids),
+                viewer=principal,
+                storage=totals or StorageTotals(),
+            )
+        }
+    notify.changed()  # the loop collects under the new policy at once
+    return answer
+
+
+@router.get("/experiments/{experiment_id}/preview_gc", response_model=responses.PreviewGC)
+@legacy.get("/experiments/{experiment_id}/preview_gc", response_model=responses.PreviewGC)
+def preview_gc(
+    experiment_id: Id,
+    principal: UserPrincipal,
+    state: State,
+    save_experiment_best: Count32 | None = None,
+    save_trial_best: Count32 | None = None,
+    save_trial_latest: Count32 | None = None,
+) -> dict[str, Any]:
+    """The checkpoints a policy would delete now; a field left out is the experiment's own."""
+    given = {"save_experiment_best": save_experiment_best, "save_trial_best": save_trial_best,
+             "save_trial_latest": save_trial_latest}  # fmt: skip
+    with state.tx() as session:
+        experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
+        default = GCPolicy(**state.config.checkpoint_storage.model_dump(include=set(given)))
+        config = experiment_config(experiment)
+        policy = GCPolicy.of({**gc.experiment_policy(config, default).as_dict(),
+                              **{k: v for k, v in given.items() if v is not None}})  # fmt: skip
+        items = gc.preview(session, experiment_id, policy)
+        metric_name, _ = searcher_metric(config)
+        checkpoints = [_previewed(p) for p in items]
+    return {"checkpoints": checkpoints, "metric_name": metric_name, "policy": policy.as_dict()}
+
+
+def _previewed(p: gc.Previewed) -> dict[str, Any]:
+    """Determined's ``CheckpointByUUIDs`` row shape (its CLI reads these keys), plus size and metric."""
+    c = p.checkpoint
+    validation = p.validation.get("avgMetrics", p.validation) if p.validation else None
+    return {
+        "UUID": c.uuid,
+        "TrialID": c.trial_id,
+        "StepsCompleted": c.steps_completed,
+        "State": c.state,
+        "ReportTime": convert.iso(c.report_time),
+        "Resources": c.resources,
+        "Metadata": c.metadata_,
+        "ValidationMetrics": validation,
+        "SearcherMetric": p.metric,
+        "Size": c.size_bytes or 0,
+    }
+
+
+@router.get(
+    "/experiments/{experiment_id}/searcher/best_searcher_validation_metric",
+    tags=["harness"],
+    response_model=responses.BestMetric,
+)
+def best_searcher_validation_metric(
+    experiment_id: Id, principal: AnyPrincipal, state: State
+) -> dict[str, Any]:
+    with state.tx() as session:
+        if principal.trial_id is not None:
+            trial = get_or_404(session, TrialModel, principal.trial_id, "trial")
+            if trial.experiment_id != experiment_id:
+                raise PermissionDeniedError("this token belongs to another experiment")
+        return {"metric": harness.best_searcher_validation(session, experiment_id)}
+
+
+LabelPath = Annotated[str, Path(min_length=1, max_length=MAX_LABEL_CHARS)]
+
+
+class ModelDefFileRequest(ApiModel):
+    """Determined's ``v1GetModelDefFileRequest``."""
+
+    experiment_id: Id | None = None
+    path: str = ""
+
+
+def _stored_context(session: Session, principal: Principal, experiment_id: int) -> bytes:
+    experiment = get_or_404(session, ExperimentModel, experiment_id, "experiment")
+    access.experiment_private(principal, experiment)
+    archive = experiment.context_archive
+    if archive is None:
+        raise NotFoundError(f"experiment {experiment_id} has no stored model definition")
+    return archive
+
+
+@router.get(
+    "/experiments/{experiment_id}/model_def", tags=["determined-compat"], response_model=responses.ModelDef
+)
+def model_def(experiment_id: Id, principal: UserPrincipal, state: State) -> Response:
+    with state.tx() as session:
+        archive = _stored_context(session, principal, experiment_id)
+    # Up to the context's limit (95 MB): written out directly rather than through the JSON encoder.
+    body = b'{"b64Tgz":"' + base64.b64encode(archive) + b'"}'
+    return Response(content=body, media_type="application/json")
+
+
+@router.get(
+    "/experiments/{experiment_id}/file_tree", tags=["determined-compat"], response_model=responses.FileTree
+)
+def file_tree(experiment_id: Id, principal: UserPrincipal, state: State) -> dict[str, Any]:
+    with state.tx() as session:
+        archive = _stored_context(session, principal, experiment_id)
+    return {"files": ctx.context_tree(archive)}
+
+
+@router.post(
+    "/experiments/{experiment_id}/file", tags=["determined-compat"], response_model=responses.FileContent
+)
+def model_def_file(
+    experiment_id: Id, body: ModelDefFileRequest, principal: UserPrincipal, state: State
+) -> dict[str, Any]:
+    if body.experiment_id not in (None, experiment_id):
+        raise ClientError(
+            f"the body's experimentId {body.experiment_id} is not experiment {experiment_id}",
+            field="experimentId",
+        )
+    if not 1 <= len(body.path) <= 4096:
+        raise ClientError("path is 1 to 4096 characters", field="path")
+    with state.tx() as session:
+        archive = _stored_context(session, principal, experiment_id)
+    return {"file": base64.b64encode(ctx.context_file(archive, body.path)).decode()}
+
+
+@router.put(
+    "/experiments/{experiment_id}/labels/{label}", tags=["determined-compat"], response_model=responses.Labels
+)
+def put_label(experiment_id: Id, label: LabelPath, principal: UserPrincipal, state: State) -> dict[str, Any]:
+    with state.tx() as session:
+        return {"labels": change_label(session, principal, experiment_id, label, add=True)}
+
+
+@router.delete(
+    "/experiments/{experiment_id}/labels/{label}", tags=["determined-compat"], response_model=responses.Labels
+)
+def delete_label(
+    experiment_id: Id, label: LabelPath, principal: UserPrincipal, state: State
+) -> dict[str, Any]:
+    with state.tx() as session:
+        return {"labels": change_label(session, principal, experiment_id, label, add=False)}

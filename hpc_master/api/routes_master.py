@@ -1,5 +1,6 @@
-"""The master itself (admins): ``GET /api/v1/master/config``, as Determined's ``det master config``, and
-``GET /api/v1/master/logs``, as ``det master logs``."""
+"""The master itself: who it is (``GET /info``, Determined's unauthenticated version check, and
+``GET /api/v1/master``), and for admins ``GET /api/v1/master/config`` (``det master config``) and
+``GET /api/v1/master/logs`` (``det master logs``)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.streams import open_stream
 from hpc_master.master_log import MASTER_LOG, MasterLog
 from hpc_master.services.master_config import effective_config
+from hpc_master.version import master_version
 
 router = APIRouter(prefix="/api/v1", tags=["master"])
+bare = APIRouter(tags=["master"])
+"""``GET /info``: Determined's client asks it there, without ``/api/v1``."""
 
 FOLLOW_POLL_S = 0.25
 MAX_LOG_ENTRIES = 1_000_000  # the largest limit or |offset| accepted (the ring holds 10,000)
@@ -67,3 +71,44 @@ async def master_logs(
                 yield lines(new)
 
     return open_stream(state.streams, principal, stream())
+
+
+@router.get("/master", response_model=responses.MasterInfo)
+def master_info(state: State) -> dict[str, Any]:
+    """Unauthenticated health and identity."""
+    return {
+        "version": master_version(),
+        "masterId": state.master_id,
+        "clusterId": state.cluster_id,
+        "clusterName": state.config.cluster_name,
+        "telemetryEnabled": False,
+        "externalUrl": state.config.master_url(),
+        # Fields Determined's client requires (``docs/determined-client.md``).
+        "hasCustomLogo": False,
+        "strictJobQueueControl": False,
+        "rbacEnabled": False,
+        "userManagementEnabled": True,
+    }
+
+
+DETERMINED_API_VERSION = "0.38.1"
+"""The release of Determined whose client this master is tested with (``GET /info``'s ``version``, which
+that client compares with its own before every command)."""
+
+
+@bare.get("/info", tags=["determined-compat"], response_model=responses.Info)
+def info(state: State) -> dict[str, Any]:
+    """Determined's unauthenticated master info. ``version`` is the Determined release whose client this
+    master answers (a lower one would make that client warn "Consider upgrading the master" at every
+    command); hpc-det's own version is ``hpcDetVersion`` here and ``version`` at ``/api/v1/master``."""
+    return {
+        "version": DETERMINED_API_VERSION,
+        "hpcDetVersion": master_version(),
+        "master_id": state.master_id,
+        "cluster_id": state.cluster_id,
+        "cluster_name": state.config.cluster_name,
+        "telemetry": {"enabled": False},
+        "rbacEnabled": False,
+        "userManagementEnabled": True,
+        "strictJobQueueControl": False,
+    }

@@ -5,29 +5,37 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import StringConstraints
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from hpc_master.api import convert, responses, responses_ui
-from hpc_master.api.bounds import Count32, Id, Limit, Offset
-from hpc_master.api.deps import State, UserPrincipal
-from hpc_master.api.streams import open_stream, stream_threads
-from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel
+from hpc_master.api.bounds import Count32, Id, Limit, Offset, TimeoutSeconds
+from hpc_master.api.deps import AnyPrincipal, State, UserPrincipal, check_trial_access
+from hpc_master.api.schemas import (
+    CompletedOperationRequest,
+    EarlyExitRequest,
+    ProgressRequest,
+    RunnerMetadataRequest,
+)
+from hpc_master.api.streams import MAX_LONG_POLL_S, long_poll, open_stream, stream_threads
+from hpc_master.db.models import CheckpointModel, ExperimentModel, MetricModel, TrialModel, TrialRunModel
 from hpc_master.errors import ClientError
-from hpc_master.services import access, logs, notify
+from hpc_master.services import access, harness, logs, notify
 from hpc_master.services import experiments as exps
-from hpc_master.services import metrics as metric_svc
+from hpc_master.services.access import Principal
 from hpc_master.services.checkpoints.usage import StorageTotals, trial_totals
 from hpc_master.services.common import get_or_404
 from hpc_master.services.lifecycle import live_run_of
 from hpc_master.services.states import TERMINAL_TRIAL_STATES
+from hpc_master.services.workloads import WorkloadFilter, list_workloads
 
 router = APIRouter(prefix="/api/v1", tags=["trials"])
 
@@ -56,35 +64,6 @@ def kill_trial(trial_id: Id, state: State, principal: UserPrincipal) -> dict[str
         exps.kill_trial(session, principal, trial_id)
     notify.changed()
     return {}
-
-
-def _metrics(state: State, trial_id: int, group: str | None, offset: int, limit: int) -> dict[str, Any]:
-    with state.tx() as session:
-        get_or_404(session, TrialModel, trial_id, "trial")
-        rows = metric_svc.query_metrics(session, trial_id, group, offset=offset, limit=limit)
-        return {"metrics": [convert.metric_to_api(r) for r in rows]}
-
-
-@router.get("/trials/{trial_id}/metrics", response_model=responses.MetricReports)
-def trial_metrics(
-    trial_id: Id,
-    state: State,
-    principal: UserPrincipal,
-    group: str | None = None,
-    offset: Offset = 0,
-    limit: Limit = 0,
-) -> dict[str, Any]:
-    return _metrics(state, trial_id, group, offset, limit)
-
-
-@router.get("/trials/{trial_id}/metrics/training_metrics", response_model=responses.MetricReports)
-def training_metrics(trial_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
-    return _metrics(state, trial_id, "training", 0, 0)
-
-
-@router.get("/trials/{trial_id}/metrics/validation_metrics", response_model=responses.MetricReports)
-def validation_metrics(trial_id: Id, state: State, principal: UserPrincipal) -> dict[str, Any]:
-    return _metrics(state, trial_id, "validation", 0, 0)
 
 
 class LogOrder(enum.StrEnum):
@@ -210,3 +189,167 @@ async def trial_logs(
             sources_, done = await stream_threads.run(snapshot)
 
     return open_stream(state.streams, principal, stream())
+
+
+@router.get("/trials/{trial_id}/workloads", tags=["determined-compat"], response_model=responses.Workloads)
+def trial_workloads(
+    trial_id: Id,
+    principal: UserPrincipal,
+    state: State,
+    offset: Offset = 0,
+    limit: Limit = 0,
+    order_by: Annotated[str | None, Query(alias="orderBy")] = None,
+    filter_option: Annotated[WorkloadFilter, Query(alias="filter")] = WorkloadFilter.UNSPECIFIED,
+    include_batch_metrics: Annotated[bool, Query(alias="includeBatchMetrics")] = False,
+    remove_deleted: Annotated[bool, Query(alias="removeDeletedCheckpoints")] = False,
+) -> dict[str, Any]:
+    """A trial's training and validation reports and checkpoints, by steps (Determined's
+    ``GetTrialWorkloads``; ``sortKey`` and ``metricType`` are not supported and ignored)."""
+    with state.tx() as session:
+        get_or_404(session, TrialModel, trial_id, "trial")
+        page = list_workloads(
+            session,
+            trial_id,
+            filter_option=filter_option,
+            offset=offset,
+            limit=limit,
+            descending=(order_by or "").upper() == "ORDER_BY_DESC",
+            remove_deleted=remove_deleted,
+        )
+        items = [workload_to_api(w, batch_metrics=include_batch_metrics) for w in page.items]
+    return {"workloads": items, "pagination": convert.pagination(offset, limit, page.total, len(items))}
+
+
+def workload_to_api(row: MetricModel | CheckpointModel, *, batch_metrics: bool = False) -> dict[str, Any]:
+    """Determined's ``WorkloadContainer``: ``training``, ``validation`` or ``checkpoint``."""
+    if isinstance(row, CheckpointModel):
+        return {
+            "checkpoint": {
+                "uuid": row.uuid,
+                "state": convert.api_state(row.state),
+                "totalBatches": row.steps_completed,
+                "endTime": convert.iso(row.report_time),
+                "resources": row.resources,
+                "metadata": row.metadata_,
+            }
+        }
+    reported = row.metrics if isinstance(row.metrics, dict) else {}
+    avg = reported.get("avgMetrics", reported)
+    metrics: dict[str, Any] = {"avgMetrics": avg if isinstance(avg, dict) else {}}
+    if batch_metrics and "batchMetrics" in reported:
+        metrics["batchMetrics"] = reported["batchMetrics"]
+    return {
+        row.group: {
+            "metrics": metrics,
+            "numInputs": 0,
+            "totalBatches": row.steps_completed,
+            "endTime": convert.iso(row.report_time),
+        }
+    }
+
+
+OP_LONG_POLL_S = 20  # under the harness's 30 s request timeout
+
+
+@router.post("/trials/{trial_id}/progress", tags=["harness"], response_model=responses.Empty)
+def report_progress(
+    trial_id: Id, body: ProgressRequest, principal: AnyPrincipal, state: State
+) -> dict[str, Any]:
+    with state.tx() as session:
+        check_trial_access(session, principal, trial_id, write=True)
+        harness.set_progress(session, trial_id, body.progress)
+    return {}
+
+
+@router.post("/trials/{trial_id}/runner/metadata", tags=["harness"], response_model=responses.Empty)
+def runner_metadata(
+    trial_id: Id, body: RunnerMetadataRequest, principal: AnyPrincipal, state: State
+) -> dict[str, Any]:
+    with state.tx() as session:
+        check_trial_access(session, principal, trial_id, write=True)
+        harness.set_runner_state(session, trial_id, body.metadata.state)
+    return {}
+
+
+@router.post("/trials/{trial_id}/early_exit", tags=["harness"], response_model=responses.Empty)
+def early_exit(trial_id: Id, body: EarlyExitRequest, principal: AnyPrincipal, state: State) -> dict[str, Any]:
+    with state.tx() as session:
+        check_trial_access(session, principal, trial_id, write=True)
+        harness.report_early_exit(session, trial_id, body.early_exit.reason)
+    return {}
+
+
+@router.get(
+    "/trials/{trial_id}/searcher/operation", tags=["harness"], response_model=responses.SearcherOperation
+)
+async def searcher_operation(
+    trial_id: Id,
+    principal: AnyPrincipal,
+    state: State,
+    request: Request,
+    timeoutSeconds: TimeoutSeconds = OP_LONG_POLL_S,
+) -> dict[str, Any]:
+    """The trial's next operation (Determined ≤ 0.37).
+
+    Right after the harness completed an operation the searcher may not have acted on it yet (the
+    lifecycle loop does, within a tick): this waits up to ``timeoutSeconds`` (≤ 60) for its answer rather
+    than hand the completed operation out again, then says ``pending`` (ask again). A trial being paused
+    (by the searcher until a promotion, or by the user) gets no operation, so its script ends and it pauses.
+    It waits as ``signals/preemption`` does, under the same cap, and stops waiting when the client has gone.
+    """
+    with long_poll(state.streams, principal):
+        return await _wait_for_operation(trial_id, principal, state, request, timeoutSeconds)
+
+
+async def _wait_for_operation(
+    trial_id: int, principal: Principal, state: State, request: Request, timeout_s: int
+) -> dict[str, Any]:
+    def read() -> tuple[int | None, harness.OpState]:
+        with state.tx() as session:
+            check_trial_access(session, principal, trial_id, write=False)
+            return harness.searcher_operation(session, trial_id, deliver=principal.trial_id == trial_id)
+
+    deadline = time.monotonic() + max(0, min(timeout_s, MAX_LONG_POLL_S))
+    while True:
+        passes = notify.searcher_passes()  # before the read: a pass that ends during it is not missed
+        length, op_state = await run_in_threadpool(read)
+        if op_state is not harness.OpState.WAITING:
+            break
+        # Nothing changes for this trial until the loop's next pass over the searchers (or a pause, which
+        # the loop's pass also follows): wait for the loop to say it made one, then read again.
+        if not await notify.next_searcher_pass(passes, deadline - time.monotonic()):
+            return {"op": None, "completed": False, "pending": True}
+        if await request.is_disconnected():
+            return {"op": None, "completed": False, "pending": True}  # nobody is listening
+    return _op_answer(length, op_state)
+
+
+def _op_answer(length: int | None, op_state: harness.OpState) -> dict[str, Any]:
+    ready = op_state is harness.OpState.READY and length is not None
+    return {
+        "op": {"validateAfter": {"length": length}} if ready else None,
+        "completed": op_state is harness.OpState.DONE,
+    }
+
+
+@router.post(
+    "/trials/{trial_id}/searcher/completed_operation",
+    tags=["harness"],
+    response_model=responses.CompletedOperation,
+)
+def completed_operation(
+    trial_id: Id, body: CompletedOperationRequest, principal: AnyPrincipal, state: State
+) -> dict[str, Any]:
+    """Records the completion. When the answer to the next ``GET .../searcher/operation`` is already known
+    (the trial reached ``max_length``, or is being stopped), it comes back as ``next``, in the same shape, so
+    the harness need not ask (one request less at the end of every trial); otherwise the harness asks."""
+    with state.tx() as session:
+        check_trial_access(session, principal, trial_id, write=True)
+        harness.complete_searcher_operation(
+            session, trial_id, body.op.validate_after.length, body.searcher_metric
+        )
+        length, op_state = harness.searcher_operation(
+            session, trial_id, deliver=principal.trial_id == trial_id
+        )
+    notify.changed()
+    return {} if op_state is harness.OpState.WAITING else {"next": _op_answer(length, op_state)}

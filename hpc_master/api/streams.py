@@ -44,6 +44,8 @@ STREAM_THREADS = 8
 RETRY_AFTER_S = 5.0
 """What a refused stream's ``Retry-After`` says: streams end at any time, so soon, but not in a tight loop."""
 NDJSON = "application/x-ndjson"
+MAX_LONG_POLL_S = 60
+"""The longest a long poll waits (``timeoutSeconds`` beyond it is cut to it)."""
 
 SlotKey = tuple[str, int]
 """``("user", user_id)`` or ``("trial", trial_id)``."""

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, inspect, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from hpc_master.api import routes_harness
+from hpc_master.api import routes_allocations
 from hpc_master.db.engine import transaction
 from hpc_master.db.models import CheckpointModel, ExperimentModel, MetricModel, SessionModel, TrialModel
 from hpc_master.masterconf import MasterConfig
@@ -441,7 +441,7 @@ def test_a_preemption_poll_whose_job_went_away_stops_reading_the_database(
     from hpc_master.api.app import create_app
     from hpc_master.services import harness
 
-    monkeypatch.setattr(routes_harness, "PREEMPTION_POLL_S", 0.1)
+    monkeypatch.setattr(routes_allocations, "PREEMPTION_POLL_S", 0.1)
     reads: list[float] = []
     real_state = harness.preemption_state
 
@@ -551,7 +551,7 @@ def test_preemption_long_poll_is_woken_by_a_committed_stop_request(
 
     got, elapsed = long_poll(threading.Thread(target=searcher_pause))
     assert got == {"preempt": True}
-    assert elapsed < routes_harness.PREEMPTION_POLL_S / 2  # woken, not found by the slow re-read
+    assert elapsed < routes_allocations.PREEMPTION_POLL_S / 2  # woken, not found by the slow re-read
 
     with transaction(sessions) as s:  # the stop is called off; the trial goes on
         run = lifecycle.live_run_of(s, trial_id)
@@ -564,7 +564,7 @@ def test_preemption_long_poll_is_woken_by_a_committed_stop_request(
 
     got, elapsed = long_poll(threading.Thread(target=user_pause))
     assert got == {"preempt": True}
-    assert elapsed < routes_harness.PREEMPTION_POLL_S / 2
+    assert elapsed < routes_allocations.PREEMPTION_POLL_S / 2
 
 
 def test_trial_logs_follow(client: TestClient, sessions: sessionmaker[Session], tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The routes and fields Determined's own client needs (``api/routes_compat.py``), on SQLite and PostgreSQL.
+"""The routes and fields Determined's own client needs (tagged ``determined-compat`` in the OpenAPI document), on SQLite and PostgreSQL.
 ``tests/determined_client`` runs that client itself against them."""
 
 from __future__ import annotations

@@ -279,9 +279,9 @@ def test_a_stream_that_fails_gives_its_slot_back(
 def test_a_trials_long_polls_are_capped_per_trial_not_against_its_owner(
     start: Callable[..., Served], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hpc_master.api import routes_harness
+    from hpc_master.api import routes_allocations
 
-    monkeypatch.setattr(routes_harness, "PREEMPTION_POLL_S", 0.5)  # a poll notices its client went sooner
+    monkeypatch.setattr(routes_allocations, "PREEMPTION_POLL_S", 0.5)  # a poll notices its client went sooner
     served = start(max_streams_per_user=2, max_long_polls_per_trial=2)
     harness = {"Authorization": f"Bearer {served.trial_token}"}
     poll = f"/api/v1/allocations/{served.trial_id}.1/signals/preemption?timeoutSeconds=30"

@@ -1,11 +1,12 @@
-"""Master info, login/logout, users."""
+"""Users: login and logout, who am I, the users themselves (Determined's routes and names)."""
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Body, Request, Response
+from sqlalchemy import select
 
 from hpc_master import owner_key
 from hpc_master.api import convert, responses, session_cookie
@@ -14,30 +15,11 @@ from hpc_master.api.deps import State, UserPrincipal, request_token
 from hpc_master.api.schemas import LoginRequest, PatchUserRequest, PostUserRequest
 from hpc_master.auth import hash_token
 from hpc_master.db.models import UserModel
-from hpc_master.errors import ClientError, PermissionDeniedError
+from hpc_master.errors import ClientError, NotFoundError, PermissionDeniedError
 from hpc_master.services import access, users
 from hpc_master.services.common import get_or_404
-from hpc_master.version import master_version
 
-router = APIRouter(prefix="/api/v1", tags=["auth"])
-
-
-@router.get("/master", response_model=responses.MasterInfo)
-def master_info(state: State) -> dict[str, Any]:
-    """Unauthenticated health and identity."""
-    return {
-        "version": master_version(),
-        "masterId": state.master_id,
-        "clusterId": state.cluster_id,
-        "clusterName": state.config.cluster_name,
-        "telemetryEnabled": False,
-        "externalUrl": state.config.master_url(),
-        # Fields Determined's client requires (``docs/determined-client.md``).
-        "hasCustomLogo": False,
-        "strictJobQueueControl": False,
-        "rbacEnabled": False,
-        "userManagementEnabled": True,
-    }
+router = APIRouter(prefix="/api/v1", tags=["users"])
 
 
 @router.post("/auth/login", response_model=responses.Login)
@@ -161,5 +143,43 @@ def patch_user(
             cache=state.tokens,
             keep_token_hash=hash_token(request_token(request)),
             is_hashed=body.is_hashed,
+        )
+        return {"user": convert.user_to_api(user)}
+
+
+@router.get("/users/{username}/by-username", tags=["determined-compat"], response_model=responses.UserAnswer)
+def user_by_username(username: str, principal: UserPrincipal, state: State) -> dict[str, Any]:
+    with state.tx() as session:
+        user = session.scalar(select(UserModel).where(UserModel.username == username))
+        if user is None:
+            raise NotFoundError(f"user {username!r} not found")
+        return {"user": convert.user_to_api(user)}
+
+
+@router.get("/users/{user_id}", tags=["determined-compat"], response_model=responses.UserAnswer)
+def get_user(user_id: Id, principal: UserPrincipal, state: State) -> dict[str, Any]:
+    with state.tx() as session:
+        return {"user": convert.user_to_api(get_or_404(session, UserModel, user_id, "user"))}
+
+
+@router.post("/users/{user_id}/password", tags=["determined-compat"], response_model=responses.UserAnswer)
+def set_user_password(
+    user_id: Id,
+    password: Annotated[str, Body(max_length=1024)],
+    request: Request,
+    principal: UserPrincipal,
+    state: State,
+) -> dict[str, Any]:
+    """Determined's ``SetUserPassword``: the body is the new password itself, a JSON string, in plain text
+    (the master hashes it). The same rules as a password in ``PATCH /users/{id}``."""
+    with state.tx() as session:
+        user = users.patch_user(
+            session,
+            principal,
+            user_id,
+            password=password,
+            require_passwords=state.config.passwords_required(),
+            cache=state.tokens,
+            keep_token_hash=hash_token(request_token(request)),
         )
         return {"user": convert.user_to_api(user)}
