@@ -20,18 +20,13 @@ Results are appended to ``--out`` (default ``bench/results/stored_config_reads.m
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
-import os
-import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from _against_base import REPO, Report, compare
+
 BASE_REV = "8d6c4b1"
 EXPERIMENTS = 100
 REPS = 5
@@ -140,16 +135,13 @@ def inner(db: Path) -> dict[str, float]:
     return out
 
 
-def run_tree(tree: Path) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "PYTHONPATH": str(tree), "HOME": tmp, "DET_MASTER_DATA_DIR": f"{tmp}/data",
-               "DET_MASTER_STATE_DIR": f"{tmp}/state", "DET_CHECKPOINT_ROOT": f"{tmp}/checkpoints",
-               "DET_JOB_STORAGE_ROOT": f"{tmp}/jobs"}  # fmt: skip
-        got = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--inner", str(Path(tmp) / "master.db")],
-            cwd=tree, env=env, capture_output=True, text=True, check=True,
-        )  # fmt: skip
-    return dict(json.loads(got.stdout.strip().splitlines()[-1]))
+REPORT = Report(
+    title="# Stored-config reads: the typed accessor against raw dict reads\n\n`.venv/bin/python bench/stored_config_reads.py` (issue 42).\n",
+    base_name="raw reads",
+    head_name="typed accessor",
+    unit="µs",
+    what="operation",
+)
 
 
 def main() -> None:
@@ -162,39 +154,7 @@ def main() -> None:
     if args.inner:
         print(json.dumps(inner(args.inner)))
         return
-    base_tree = Path(tempfile.mkdtemp(prefix="bench-base-"))
-    subprocess.run(
-        ["git", "worktree", "add", "-q", "--detach", str(base_tree), args.base], cwd=REPO, check=True
-    )
-    try:
-        runs: dict[str, list[dict[str, float]]] = {"base": [], "head": []}
-        for _ in range(args.rounds):
-            runs["base"].append(run_tree(base_tree))
-            runs["head"].append(run_tree(REPO))
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=REPO, check=True)
-    head_rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip()  # fmt: skip
-    lines = [
-        f"\n## {datetime.date.today()}: {head_rev} (typed accessor) against {args.base} (raw reads), "
-        f"median of {args.rounds} rounds, µs per operation\n",
-        "| operation | raw reads | typed accessor | ratio: median of the rounds' (range) |",
-        "|---|---:|---:|---:|",
-    ]
-    for name in runs["base"][0]:
-        base = statistics.median(r[name] for r in runs["base"])
-        head = statistics.median(r[name] for r in runs["head"])
-        ratios = sorted(h[name] / b[name] for b, h in zip(runs["base"], runs["head"], strict=True))
-        ratio = statistics.median(ratios)
-        base_s, head_s = (f"{v:,.1f}" if v < 100 else f"{v:,.0f}" for v in (base, head))
-        lines.append(f"| {name} | {base_s} | {head_s} | {ratio:.2f}× ({ratios[0]:.2f}–{ratios[-1]:.2f}) |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.out.exists():
-        args.out.write_text("# Stored-config reads: the typed accessor against raw dict reads\n\n"
-                            "`.venv/bin/python bench/stored_config_reads.py` (issue 42).\n")  # fmt: skip
-    with args.out.open("a") as f:
-        f.write(text)
+    print(compare(Path(__file__).resolve(), args.base, args.rounds, args.out, REPORT))
 
 
 if __name__ == "__main__":

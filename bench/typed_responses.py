@@ -17,18 +17,14 @@ Results are appended to ``--out`` (default ``bench/results/typed_responses.md``)
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from _against_base import REPO, Report, compare
+
 BASE_REV = "4a45afb"
 EXPERIMENTS = 100
 TRIALS = 10_000
@@ -107,16 +103,13 @@ def inner(db: Path) -> dict[str, float]:
     return out
 
 
-def run_tree(tree: Path) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "PYTHONPATH": str(tree), "HOME": tmp, "DET_MASTER_DATA_DIR": f"{tmp}/data",
-               "DET_MASTER_STATE_DIR": f"{tmp}/state", "DET_CHECKPOINT_ROOT": f"{tmp}/checkpoints",
-               "DET_JOB_STORAGE_ROOT": f"{tmp}/jobs"}  # fmt: skip
-        got = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--inner", str(Path(tmp) / "master.db")],
-            cwd=tree, env=env, capture_output=True, text=True, check=True,
-        )  # fmt: skip
-    return dict(json.loads(got.stdout.strip().splitlines()[-1]))
+REPORT = Report(
+    title="# Typed responses against untyped answers\n\n`.venv/bin/python bench/typed_responses.py` (issue 42).\n",
+    base_name="untyped",
+    head_name="typed",
+    unit="ms",
+    what="request",
+)
 
 
 def main() -> None:
@@ -129,40 +122,7 @@ def main() -> None:
     if args.inner:
         print(json.dumps(inner(args.inner)))
         return
-    base_tree = Path(tempfile.mkdtemp(prefix="bench-base-"))
-    subprocess.run(
-        ["git", "worktree", "add", "-q", "--detach", str(base_tree), args.base], cwd=REPO, check=True
-    )
-    try:
-        runs: dict[str, list[dict[str, float]]] = {"base": [], "head": []}
-        for _ in range(args.rounds):
-            runs["base"].append(run_tree(base_tree))
-            runs["head"].append(run_tree(REPO))
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=REPO, check=True)
-    head_rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip()  # fmt: skip
-    lines = [
-        f"\n## {datetime.date.today()}: {head_rev} (typed responses) against {args.base} (untyped), "
-        f"median of {args.rounds} rounds, ms per request\n",
-        "| request | untyped | typed | ratio: median of the rounds' (range) |",
-        "|---|---:|---:|---:|",
-    ]
-    for name in runs["base"][0]:
-        base = statistics.median(r[name] for r in runs["base"])
-        head = statistics.median(r[name] for r in runs["head"])
-        ratios = sorted(h[name] / b[name] for b, h in zip(runs["base"], runs["head"], strict=True))
-        ratio = statistics.median(ratios)
-        lines.append(
-            f"| {name} | {base:,.1f} | {head:,.1f} | {ratio:.2f}× ({ratios[0]:.2f}–{ratios[-1]:.2f}) |"
-        )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.out.exists():
-        args.out.write_text("# Typed responses against untyped answers\n\n"
-                            "`.venv/bin/python bench/typed_responses.py` (issue 42).\n")  # fmt: skip
-    with args.out.open("a") as f:
-        f.write(text)
+    print(compare(Path(__file__).resolve(), args.base, args.rounds, args.out, REPORT))
 
 
 if __name__ == "__main__":

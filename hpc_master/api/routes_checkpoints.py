@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from hpc_master.api import convert, responses
+from hpc_master.api import convert, responses, responses_checkpoints
 from hpc_master.api.bounds import Id, Limit, Offset
 from hpc_master.api.deps import (
     AnyPrincipal,
@@ -40,7 +40,7 @@ from hpc_master.services.states import TERMINAL_TRIAL_STATES
 router = APIRouter(prefix="/api/v1", tags=["checkpoints"])
 
 
-@router.delete("/checkpoints", response_model=responses.DeletedCheckpoints)
+@router.delete("/checkpoints", response_model=responses_checkpoints.DeletedCheckpoints)
 def delete_checkpoints(
     body: DeleteCheckpointsRequest, principal: AnyPrincipal, state: State
 ) -> dict[str, Any]:
@@ -97,7 +97,7 @@ def _listing(
     )  # fmt: skip
 
 
-@router.get("/experiments/{experiment_id}/checkpoints", response_model=responses.Checkpoints)
+@router.get("/experiments/{experiment_id}/checkpoints", response_model=responses_checkpoints.Checkpoints)
 def experiment_checkpoints(
     experiment_id: Id,
     state: State,
@@ -119,7 +119,7 @@ def experiment_checkpoints(
     return {"checkpoints": items, "pagination": convert.pagination(offset, limit, page.total, len(items))}
 
 
-@router.get("/trials/{trial_id}/checkpoints", response_model=responses.Checkpoints)
+@router.get("/trials/{trial_id}/checkpoints", response_model=responses_checkpoints.Checkpoints)
 def trial_checkpoints(
     trial_id: Id,
     state: State,
@@ -163,7 +163,7 @@ def report_checkpoint(body: ReportCheckpointRequest, principal: AnyPrincipal, st
     return {}
 
 
-@router.get("/checkpoints/{uuid}", tags=["harness"], response_model=responses.CheckpointAnswer)
+@router.get("/checkpoints/{uuid}", tags=["harness"], response_model=responses_checkpoints.CheckpointAnswer)
 def get_checkpoint(uuid: str, principal: AnyPrincipal, state: State) -> dict[str, Any]:
     """Determined's ``GetCheckpoint`` (its client's ``det checkpoint describe|download``,
     ``client.get_checkpoint``), and the harness's read of a checkpoint's metadata."""

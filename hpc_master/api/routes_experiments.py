@@ -30,7 +30,7 @@ from fastapi.responses import Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from hpc_master.api import convert, responses
+from hpc_master.api import convert, responses, responses_checkpoints
 from hpc_master.api.bounds import Count32, Id, Limit, Offset
 from hpc_master.api.deps import AnyPrincipal, State, UserPrincipal
 from hpc_master.api.schemas import ApiModel, CreateExperimentRequest, PatchExperimentRequest
@@ -300,8 +300,8 @@ def patch(
     return answer
 
 
-@router.get("/experiments/{experiment_id}/preview_gc", response_model=responses.PreviewGC)
-@legacy.get("/experiments/{experiment_id}/preview_gc", response_model=responses.PreviewGC)
+@router.get("/experiments/{experiment_id}/preview_gc", response_model=responses_checkpoints.PreviewGC)
+@legacy.get("/experiments/{experiment_id}/preview_gc", response_model=responses_checkpoints.PreviewGC)
 def preview_gc(
     experiment_id: Id,
     principal: UserPrincipal,

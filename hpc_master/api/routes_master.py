@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -14,7 +13,7 @@ from fastapi.responses import StreamingResponse
 
 from hpc_master.api import responses, responses_ui
 from hpc_master.api.deps import State, UserPrincipal
-from hpc_master.api.streams import open_stream
+from hpc_master.api.streams import ndjson, open_stream
 from hpc_master.master_log import MASTER_LOG, MasterLog
 from hpc_master.services.master_config import effective_config
 from hpc_master.version import master_version
@@ -52,7 +51,7 @@ async def master_logs(
     ring: MasterLog = getattr(request.app.state, "master_log", MASTER_LOG)
 
     def lines(entries: list[Any]) -> bytes:
-        return "".join(json.dumps({"result": {"logEntry": e.to_api()}}) + "\n" for e in entries).encode()
+        return ndjson({"logEntry": e.to_api()} for e in entries)
 
     async def stream() -> AsyncIterator[bytes]:
         first = ring.read(offset=offset, limit=limit)

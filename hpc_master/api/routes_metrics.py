@@ -23,13 +23,11 @@ caller's streams while it is sent (``api.streams``), its pages read in the strea
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
@@ -39,7 +37,7 @@ from hpc_master.api.bounds import Count64, Id, Limit, Offset
 from hpc_master.api.deps import AnyPrincipal, State, UserPrincipal, check_trial_access
 from hpc_master.api.fast_ingest import ingest_batch, reports_of
 from hpc_master.api.schemas import MetricsBatchRequest, ReportMetricsRequest
-from hpc_master.api.streams import open_stream, stream_threads
+from hpc_master.api.streams import ndjson, open_stream, stream_threads
 from hpc_master.db.models import ExperimentModel, MetricModel, TrialModel
 from hpc_master.db.widths import INT32_MAX
 from hpc_master.errors import ClientError
@@ -165,7 +163,7 @@ def _stream(state: State, principal: UserPrincipal, trial_ids: list[int], group:
                     rows = metric_svc.metrics_page(session, trial_id, group, after=after, limit=PAGE_SIZE)
                     page = [metrics_report_to_api(row) for row in rows]
                 if page:
-                    yield (json.dumps({"result": {"metrics": page}}) + "\n").encode()
+                    yield ndjson([{"metrics": page}])
                     after = (int(page[-1]["totalBatches"]), int(page[-1]["id"]))
                 if len(page) < PAGE_SIZE:
                     break
@@ -283,7 +281,7 @@ def _line(result: dict[str, Any] | bytes) -> bytes:
     """One stream line; bytes are a line already serialised (a cached first message)."""
     if isinstance(result, bytes):
         return result
-    return orjson.dumps({"result": result}) + b"\n"
+    return ndjson([result], browser=True)
 
 
 def _periodic_stream(

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from sqlalchemy.orm import Session
 
-from hpc_master.api import convert, responses
+from hpc_master.api import convert, responses, responses_checkpoints
 from hpc_master.api.bounds import Count32, Id, Int32, Limit
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.schemas import (
@@ -82,7 +82,7 @@ def _versions_json(
 # ---------------------------------------------------------------- models
 
 
-@router.get("/models", response_model=responses.Models)
+@router.get("/models", response_model=responses_checkpoints.Models)
 def get_models(
     state: State,
     principal: UserPrincipal,
@@ -123,7 +123,7 @@ def _require_the_workspace(name: str | None, ident: int | None) -> None:
         )
 
 
-@router.post("/models", response_model=responses.ModelAnswer)
+@router.post("/models", response_model=responses_checkpoints.ModelAnswer)
 def post_model(body: PostModelRequest, state: State, principal: UserPrincipal) -> dict[str, Any]:
     _require_the_workspace(body.workspace_name, body.workspace_id)
     with state.tx() as session:
@@ -134,13 +134,13 @@ def post_model(body: PostModelRequest, state: State, principal: UserPrincipal) -
         return {"model": _model_json(session, model)}
 
 
-@router.get("/models/{model_name}", response_model=responses.ModelAnswer)
+@router.get("/models/{model_name}", response_model=responses_checkpoints.ModelAnswer)
 def get_model(model_name: ModelName, state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         return {"model": _model_json(session, reg.find_model(session, model_name))}
 
 
-@router.patch("/models/{model_name}", response_model=responses.ModelAnswer)
+@router.patch("/models/{model_name}", response_model=responses_checkpoints.ModelAnswer)
 def patch_model(
     model_name: ModelName, body: PatchModelRequest, state: State, principal: UserPrincipal
 ) -> dict[str, Any]:
@@ -184,7 +184,7 @@ def get_model_labels(state: State, principal: UserPrincipal) -> dict[str, Any]:
 # ---------------------------------------------------------------- versions
 
 
-@router.get("/models/{model_name}/versions", response_model=responses.ModelVersions)
+@router.get("/models/{model_name}/versions", response_model=responses_checkpoints.ModelVersions)
 def get_model_versions(
     model_name: ModelName,
     state: State,
@@ -205,7 +205,7 @@ def get_model_versions(
         }
 
 
-@router.post("/models/{model_name}/versions", response_model=responses.ModelVersionAnswer)
+@router.post("/models/{model_name}/versions", response_model=responses_checkpoints.ModelVersionAnswer)
 def post_model_version(
     model_name: ModelName, body: PostModelVersionRequest, state: State, principal: UserPrincipal
 ) -> dict[str, Any]:
@@ -225,7 +225,10 @@ def post_model_version(
         }
 
 
-@router.get("/models/{model_name}/versions/{model_version_num}", response_model=responses.ModelVersionAnswer)
+@router.get(
+    "/models/{model_name}/versions/{model_version_num}",
+    response_model=responses_checkpoints.ModelVersionAnswer,
+)
 def get_model_version(
     model_name: ModelName, model_version_num: Id, state: State, principal: UserPrincipal
 ) -> dict[str, Any]:
@@ -239,7 +242,8 @@ def get_model_version(
 
 
 @router.patch(
-    "/models/{model_name}/versions/{model_version_num}", response_model=responses.ModelVersionAnswer
+    "/models/{model_name}/versions/{model_version_num}",
+    response_model=responses_checkpoints.ModelVersionAnswer,
 )
 def patch_model_version(
     model_name: ModelName,

@@ -6,8 +6,6 @@ token of none. Files are read only from the task's recorded run directory.
 
 from __future__ import annotations
 
-import asyncio
-import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path as PurePath
 from typing import Annotated, Any
@@ -23,13 +21,13 @@ from hpc_master.api import responses_tasks, responses_ui
 from hpc_master.api.bounds import Id, Limit, OptionalId
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.api.schemas import ApiModel, ModelDefinitionFile
-from hpc_master.api.streams import open_stream, stream_threads
+from hpc_master.api.streams import ndjson, open_stream, stream_threads
 from hpc_master.db.models import UserModel
 from hpc_master.errors import ClientError
 from hpc_master.expconf import load_yaml
 from hpc_master.expconf.tasks import TaskConfig, TaskType
 from hpc_master.services import context as ctx
-from hpc_master.services import logs, notify
+from hpc_master.services import log_follow, logs, notify
 from hpc_master.services.access import Principal
 from hpc_master.services.stored_config import task_config
 from hpc_master.taskjob import task_run_dir
@@ -41,7 +39,6 @@ router = APIRouter(prefix="/api/v1", tags=["tasks"])
 
 TASK_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 TaskId = Annotated[str, Path(pattern=TASK_ID_PATTERN, max_length=36)]
-LOG_POLL_INTERVAL_S = 0.5
 MAX_FILES = 100_000
 
 
@@ -265,29 +262,14 @@ async def task_logs(
             "rankId": line["rankId"],
         }
 
+    spec = log_follow.Follow(
+        stream_threads.run, snapshot, state.log_reader, follow=follow, limit=limit,
+        keep=lambda line: not search_text or search_text in str(line["log"]),
+    )  # fmt: skip
+
     async def stream() -> AsyncIterator[bytes]:
-        nonlocal sources, done
-        cursor = logs.LogCursor(offsets={})
-        sent = 0
-        while True:
-            final = done or not follow
-            lines, more = await stream_threads.run(
-                logs.read_new_lines, 0, sources, cursor, final=final, reader=state.log_reader
-            )
-            lines = [x for x in lines if not search_text or search_text in str(x["log"])]
-            if limit > 0:
-                lines = lines[: limit - sent]
-            if lines:
-                sent += len(lines)
-                yield "".join(json.dumps({"result": entry(x)}) + "\n" for x in lines).encode()
-            if limit > 0 and sent >= limit:
-                return
-            if more:
-                continue
-            if final:
-                return
-            await asyncio.sleep(LOG_POLL_INTERVAL_S)
-            sources, done = await stream_threads.run(snapshot)
+        async for lines in log_follow.batches(spec, sources, done):
+            yield ndjson(entry(x) for x in lines)
 
     return open_stream(state.streams, principal, stream())
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import enum
-import json
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -25,10 +22,10 @@ from hpc_master.api.schemas import (
     ProgressRequest,
     RunnerMetadataRequest,
 )
-from hpc_master.api.streams import MAX_LONG_POLL_S, long_poll, open_stream, stream_threads
+from hpc_master.api.streams import MAX_LONG_POLL_S, long_poll, ndjson, open_stream, stream_threads
 from hpc_master.db.models import CheckpointModel, ExperimentModel, MetricModel, TrialModel, TrialRunModel
 from hpc_master.errors import ClientError
-from hpc_master.services import access, harness, logs, notify
+from hpc_master.services import access, harness, log_follow, logs, notify
 from hpc_master.services import experiments as exps
 from hpc_master.services.access import Principal
 from hpc_master.services.checkpoints.usage import StorageTotals, trial_totals
@@ -38,8 +35,6 @@ from hpc_master.services.states import TERMINAL_TRIAL_STATES
 from hpc_master.services.workloads import WorkloadFilter, list_workloads
 
 router = APIRouter(prefix="/api/v1", tags=["trials"])
-
-LOG_POLL_INTERVAL_S = 0.5
 
 
 @router.get("/trials/{trial_id}", response_model=responses.TrialAnswer)
@@ -156,37 +151,14 @@ async def trial_logs(
 
     sources_, done = await run_in_threadpool(snapshot)  # 404 before the stream starts
 
-    def encode(lines: Iterable[dict[str, object]]) -> bytes:
-        return "".join(json.dumps({"result": line}) + "\n" for line in lines).encode()
+    spec = log_follow.Follow(
+        stream_threads.run, snapshot, state.log_reader, follow=follow, limit=limit, tail=tail,
+        keep=wanted.matches, trial_id=trial_id,
+    )  # fmt: skip
 
     async def stream() -> AsyncIterator[bytes]:
-        cursor = logs.LogCursor(offsets={})
-        nonlocal sources_, done
-        sent = 0
-        last: deque[dict[str, object]] = deque(maxlen=limit if limit > 0 else None)
-        while True:
-            final = done or not follow
-            lines, more = await stream_threads.run(
-                logs.read_new_lines, trial_id, sources_, cursor, final=final, reader=state.log_reader
-            )
-            lines = [line for line in lines if wanted.matches(line)]
-            if tail:
-                last.extend(lines)
-            elif lines:
-                if limit > 0:
-                    lines = lines[: limit - sent]
-                sent += len(lines)
-                yield encode(lines)
-                if limit > 0 and sent >= limit:
-                    return
-            if more:
-                continue
-            if final:
-                if tail:
-                    yield encode(reversed(last))
-                return
-            await asyncio.sleep(LOG_POLL_INTERVAL_S)
-            sources_, done = await stream_threads.run(snapshot)
+        async for lines in log_follow.batches(spec, sources_, done):
+            yield ndjson(lines)
 
     return open_stream(state.streams, principal, stream())
 

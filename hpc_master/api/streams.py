@@ -23,13 +23,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
+import orjson
 from starlette.responses import ContentStream, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -49,6 +51,16 @@ MAX_LONG_POLL_S = 60
 
 SlotKey = tuple[str, int]
 """``("user", user_id)`` or ``("trial", trial_id)``."""
+
+
+def ndjson(results: Iterable[object], *, browser: bool = False) -> bytes:
+    """Newline-delimited JSON, one ``{"result": ...}`` per line: what every stream sends (``responses_ui``
+    documents each stream's line). For a browser (the web UI's streams): strict JSON, by orjson, where a NaN
+    or an infinity is ``null`` (``JSON.parse`` refuses them). Otherwise (Determined's Python client, ``det``)
+    ``json.dumps``'s: a NaN metric stays ``NaN``, which Python's ``json`` reads back as one."""
+    if browser:
+        return b"".join(orjson.dumps({"result": r}) + b"\n" for r in results)
+    return "".join(json.dumps({"result": r}) + "\n" for r in results).encode()
 
 
 class TooManyStreamsError(TooManyRequestsError):
