@@ -44,7 +44,14 @@ def inner(db: Path) -> dict[str, float]:
     from hpc_master.db.models import ExperimentModel, TrialRunModel, UserModel
     from hpc_master.masterconf import parse_master_config
     from hpc_master.services import harness, lifecycle
-    from hpc_master.services.checkpoints.views import CheckpointQuery, experiment_checkpoints
+
+    try:
+        from hpc_master.services.checkpoints.views import CheckpointQuery, experiment_checkpoints
+    except ImportError:  # a base tree from before services/checkpoints/ (session 21)
+        from hpc_master.services.checkpoint_views import (  # type: ignore[no-redef]
+            CheckpointQuery,
+            experiment_checkpoints,
+        )
     from hpc_master.services.experiments import create_experiment
     from hpc_master.services.metrics import MetricReport
     from hpc_master.services.users import Principal
