@@ -8,6 +8,7 @@ and the median of the rounds' ratios (this tree / base) with their range.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -15,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,3 +79,21 @@ def compare(script: Path, base: str, rounds: int, out: Path, report: Report) -> 
     with out.open("a") as f:
         f.write(text)
     return text
+
+
+def main(
+    script: str, inner: Callable[[Path], dict[str, float]], base: str, rounds: int, report: Report
+) -> None:
+    """A benchmark's command line: ``[--base REV] [--rounds N] [--out FILE]`` (default
+    ``bench/results/<script>.md``); ``--inner DB`` runs `inner` (in whichever tree's Python path)."""
+    path = Path(script).resolve()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", default=base)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / f"{path.stem}.md")
+    ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.inner:
+        print(json.dumps(inner(args.inner)))
+        return
+    print(compare(path, args.base, args.rounds, args.out, report))

@@ -19,13 +19,11 @@ Results are appended to ``--out`` (default ``bench/results/stored_config_reads.m
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import time
 from pathlib import Path
 
-from _against_base import REPO, Report, compare
+from _against_base import Report, main
 
 BASE_REV = "8d6c4b1"
 EXPERIMENTS = 100
@@ -151,18 +149,5 @@ REPORT = Report(
 )
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--base", default=BASE_REV)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "stored_config_reads.md")
-    ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.inner:
-        print(json.dumps(inner(args.inner)))
-        return
-    print(compare(Path(__file__).resolve(), args.base, args.rounds, args.out, REPORT))
-
-
 if __name__ == "__main__":
-    main()
+    main(__file__, inner, BASE_REV, 5, REPORT)

@@ -16,14 +16,12 @@ Results are appended to ``--out`` (default ``bench/results/typed_responses.md``)
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import statistics
 import time
 from pathlib import Path
 
-from _against_base import REPO, Report, compare
+from _against_base import Report, main
 
 BASE_REV = "4a45afb"
 EXPERIMENTS = 100
@@ -112,18 +110,5 @@ REPORT = Report(
 )
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--base", default=BASE_REV)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "typed_responses.md")
-    ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.inner:
-        print(json.dumps(inner(args.inner)))
-        return
-    print(compare(Path(__file__).resolve(), args.base, args.rounds, args.out, REPORT))
-
-
 if __name__ == "__main__":
-    main()
+    main(__file__, inner, BASE_REV, 3, REPORT)
