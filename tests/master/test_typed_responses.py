@@ -106,3 +106,12 @@ def test_an_answer_missing_a_named_key_is_refused(
 
     monkeypatch.setattr(convert, "user_to_api", without_username)
     assert client.get("/api/v1/me", headers=headers).status_code == 500
+
+
+def test_a_body_that_is_not_json_is_a_400_that_names_no_field(client: TestClient) -> None:
+    headers = {**login(client), "content-type": "application/json"}
+    answer = client.post("/api/v1/experiments", content=b"{not json", headers=headers)
+    assert answer.status_code == 400
+    body = answer.json()
+    assert body["code"] == "invalid_argument" and body["field"] is None  # not the decode error's position
+    assert body["message"].startswith("the request body is not valid JSON")
