@@ -188,7 +188,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         if first.get("type") == "json_invalid":  # its loc is a position in the text, not a field
-            reason = (first.get("ctx") or {}).get("error") or first.get("msg")
+            ctx = first.get("ctx")
+            reason = (ctx.get("error") if isinstance(ctx, dict) else None) or first.get("msg")
             return _error(400, "invalid_argument", f"the request body is not valid JSON: {reason}")
         return _error(
             400, "invalid_argument", str(first.get("msg")), _validation_field(tuple(first.get("loc", ())))
