@@ -135,6 +135,9 @@ class CheckpointContext:
         self._staging: StagingBuffer | None = None
         # Set by core.Context: True once should_preempt() said so; asynchronous saves then become final ones.
         self._stopping: Callable[[], bool] = lambda: False
+        # Set by core.Context: waits until every metric reported so far is at the master. A checkpoint is
+        # registered only after that, so a trial resumed from it never misses the metrics that led up to it.
+        self._flush_metrics: Callable[[], object] = lambda: None
 
     @property
     def base_path(self) -> pathlib.Path:
@@ -265,6 +268,7 @@ class CheckpointContext:
             }
         }
         session = self._session
+        self._flush_metrics()
         retry(lambda: session.post("/api/v1/checkpoints", body), what=f"register checkpoint {storage_id}")
         logger.info("checkpoint %s registered", storage_id)
 

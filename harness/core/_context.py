@@ -47,6 +47,8 @@ class Context:
         self.info = info
         preempt_ = self.preempt
         self.checkpoint._stopping = lambda: preempt_.answered_true
+        train_ = self.train
+        self.checkpoint._flush_metrics = lambda: train_.flush(timeout_s=60)
         self._shipper = _shipper
         self._session = _session
         self._started = False

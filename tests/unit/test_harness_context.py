@@ -143,3 +143,34 @@ def test_dummy_searcher_collective() -> None:
         return out
 
     assert run_ranks(3, fn) == [[5], [5], [5]]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_checkpoint_is_registered_only_after_the_metrics_before_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, asynchronous: bool
+) -> None:
+    """A trial resumed from a checkpoint continues after its steps; metrics reported before the checkpoint and
+    still queued when the job died would be lost for good. So registering waits for them (the shipper here
+    would otherwise hold them for a minute)."""
+    from harness._http import MasterSession
+    from harness.core._metrics import MetricsShipper
+    from harness.core._train import TrainContext
+
+    master = FakeMaster()
+    monkeypatch.setenv("DET_CLUSTER_INFO", json.dumps(cluster_info(master)))
+    session = MasterSession(master.url, master.token, timeout_s=5)
+    shipper = MetricsShipper(session, 7, flush_interval_s=60, spill_dir=tmp_path / "spill")
+    ctx = core.Context(
+        checkpoint=core.CheckpointContext(core.DummyDistributedContext(), tmp_path, session, 7, 1),
+        train=TrainContext(session, 7, 1, 3, shipper),
+        _shipper=shipper,
+    )
+    with ctx:
+        for step in (1, 2, 3):
+            ctx.train.report_training_metrics(step, {"loss": 1 / step})
+        sid = ctx.checkpoint.save_state({"w": 1}, {"steps_completed": 3}, asynchronous=asynchronous)
+        ctx.checkpoint.wait()
+        order = [p for m, p, _ in master.requests if m == "POST"]
+        assert sid in master.checkpoints
+        first_checkpoint = order.index("/api/v1/checkpoints")
+        assert "/api/v1/trials/7/metrics/batch" in order[:first_checkpoint], order
