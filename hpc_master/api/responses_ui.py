@@ -82,6 +82,24 @@ class Rungs(TypedDict):
 
 
 @with_config(STRICT)
+class Vocabulary(TypedDict):
+    """Ours: the master's words and choices, so the UI re-types none of them."""
+
+    experimentStates: list[str]
+    trialStates: list[str]
+    runStates: list[str]
+    experimentActions: dict[str, list[str]]
+    """Per experiment state, the actions it allows: pause, activate, cancel, kill, archive."""
+    terminationReasons: dict[str, str]
+    """How a trial run ended, by reason (a run's exitReason), in words."""
+    taskStates: list[str]
+    liveTaskStates: list[str]
+    """The task states that are not ended (the tasks page hides the others unless asked)."""
+    taskActions: dict[str, list[str]]
+    """Per task state, the actions it allows (kill)."""
+
+
+@with_config(STRICT)
 class Agent(TypedDict):
     """A Slurm node, in Determined's words (a GPU is a slot)."""
 

@@ -1,5 +1,5 @@
 """The web UI: its pages and assets at ``/``, and what only the UI asks, under ``/api/v1/webui/`` (the
-experiment list, the trials table, ASHA's rungs, the cluster, the session). The charts read Determined's
+experiment list, the trials table, ASHA's rungs, the cluster, the session, the vocabulary). The charts read Determined's
 metrics streams (``routes_metrics``); the pages' change streams are ``routes_ui_live``. Every data route is a
 read any user may make (experiments are the team's to look at); per-trial tokens are refused, as everywhere
 but the harness routes.
@@ -24,6 +24,8 @@ from hpc_master.services import access
 from hpc_master.services import webui as ui
 from hpc_master.services.common import get_or_404
 from hpc_master.services.curves.experiment import CurveCache
+from hpc_master.services.vocabulary import vocabulary
+from hpc_master.tasks.service import task_vocabulary
 from slurm_backend.cli import SlurmCli
 from slurm_backend.cluster_view import DEFAULT_TTL_S, CachedClusterView, ClusterView
 from webui import ASSETS_DIR
@@ -175,6 +177,12 @@ def ui_session(state: State, principal: UserPrincipal) -> dict[str, Any]:
     with state.tx() as session:
         user = get_or_404(session, UserModel, principal.user_id, "user")
         return {"user": convert.user_to_api(user), "passwordsRequired": state.config.passwords_required()}
+
+
+@router.get("/webui/vocabulary", response_model=responses_ui.Vocabulary)
+def ui_vocabulary(principal: UserPrincipal) -> dict[str, object]:
+    """The states, actions and words of the master's own tables (the UI asks once per session)."""
+    return {**vocabulary(), **task_vocabulary()}
 
 
 # ---------------------------------------------------------------- pages and assets

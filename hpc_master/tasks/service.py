@@ -45,6 +45,16 @@ class TaskState(enum.StrEnum):
 
 
 LIVE_STATES = (TaskState.QUEUED, TaskState.RUNNING, TaskState.TERMINATING)
+KILLABLE_STATES = (TaskState.QUEUED, TaskState.RUNNING)  # a TERMINATING task is being killed already
+
+
+def task_vocabulary() -> dict[str, object]:
+    """The web UI's words for tasks: their states, which are live (not ended), what each state allows."""
+    return {
+        "taskStates": [s.value for s in TaskState],
+        "liveTaskStates": [s.value for s in LIVE_STATES],
+        "taskActions": {s.value: ["kill"] if s in KILLABLE_STATES else [] for s in TaskState},
+    }
 
 
 def new_task_id() -> str:

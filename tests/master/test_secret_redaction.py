@@ -106,7 +106,7 @@ CARRY_NEITHER = {
     "/api/v1/trials/metrics/trial_metrics", "/api/v1/trials/metrics/training_metrics",
     "/api/v1/trials/metrics/validation_metrics", "/api/v1/experiments/{experiment_id}/preview_gc",
     "/api/v1/experiments/{experiment_id}/searcher/best_searcher_validation_metric",
-    "/api/v1/webui/cluster", "/api/v1/webui/session",
+    "/api/v1/webui/cluster", "/api/v1/webui/session", "/api/v1/webui/vocabulary",
     # The web UI's change streams: digests only.
     "/api/v1/webui/changes", "/api/v1/webui/experiments/{experiment_id}/changes",
     "/api/v1/webui/trials/{trial_id}/changes",

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from hpc_master.api.session_cookie import CSRF_COOKIE, SESSION_COOKIE, csrf_token_for
 from hpc_master.db.engine import transaction
-from hpc_master.db.models import TrialRunModel
+from hpc_master.db.models import TrialRunModel, UserModel
 from hpc_master.services.users import mint_trial_token
 from slurm_backend.cli import SlurmCli
 from slurm_backend.cluster_view import CachedClusterView
@@ -125,6 +125,7 @@ UI_READS = [
     "/api/v1/experiments/{asha}/metrics-stream/trials-snapshot?metricName=accuracy&batchesProcessed=500",
     "/api/v1/trials/time-series?trialIds={trial}",
     "/api/v1/webui/cluster",
+    "/api/v1/webui/vocabulary",
 ]
 
 
@@ -361,3 +362,32 @@ def test_cluster_view_partitions_nodes_and_queue(
     assert queued["owner"] == "bob" and queued["experimentName"] == "single"
     assert queued["pendingReason"] == "Resources" and queued["pendingSince"] == "2026-11-24T07:00:00Z"
     assert queued["waitingIn"] == "slurm"
+
+
+def test_the_actions_offered_per_state_are_those_the_master_takes(
+    client: TestClient, seeded: dict[str, Any], sessions: sessionmaker[Session]
+) -> None:
+    """The UI's buttons come from the vocabulary: an offered action is taken and moves the experiment (or
+    archives it); one not offered is refused or changes nothing. Every state × every action, on the real
+    routes."""
+    alice = login(client, "alice", "alice-pw")
+    vocab = client.get("/api/v1/webui/vocabulary", headers=alice).json()
+    assert set(vocab["experimentActions"]) == set(vocab["experimentStates"])
+    assert vocab["terminationReasons"]["PAUSED_BY_SEARCHER"] == "paused by the searcher until promoted"
+    with transaction(sessions) as s:
+        owner = s.query(UserModel).filter_by(username="alice").one().id
+    offered_somewhere: set[str] = set()
+    for state in vocab["experimentStates"]:
+        offered = set(vocab["experimentActions"][state])
+        offered_somewhere |= offered
+        for action in ("pause", "activate", "cancel", "kill", "archive"):
+            with transaction(sessions) as s:
+                exp, _ = seed_experiment(s, owner, name=f"{state}-{action}", trials=1, points=1, state=state)
+            r = client.post(f"/api/v1/experiments/{exp}/{action}", headers=alice)
+            after = client.get(f"/api/v1/experiments/{exp}", headers=alice).json()["experiment"]
+            moved = after["state"] != f"STATE_{state}" or after["archived"]
+            if action in offered:
+                assert r.status_code == 200 and moved, (state, action, r.text, after["state"])
+            else:
+                assert r.status_code >= 400 or not moved, (state, action, r.text, after["state"])
+    assert offered_somewhere == {"pause", "activate", "cancel", "kill", "archive"}

@@ -87,7 +87,7 @@ def test_researcher_pages(ui_master: UiMaster, page_factory: Any) -> None:
     shot(p, "trial")
     p.click("a[data-tab=runs]")
     p.wait_for_selector("#runs tbody tr")
-    assert "finished" in p.inner_text("#runs")
+    assert "trial completed" in p.inner_text("#runs")  # the master's words for SEARCHER_DONE (the vocabulary)
     ui.assert_clean()
 
 

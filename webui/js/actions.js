@@ -1,21 +1,8 @@
-// The experiment actions (the same routes the CLI uses); which ones a state allows, as the master does.
+// The experiment actions (the same routes the CLI uses), offered as the master's state table allows them
+// (the vocabulary's experimentActions): a button the state does not allow is shown disabled.
 import { api } from "./api.js";
-import { h, stateName } from "./dom.js";
-
-const TERMINAL = new Set(["COMPLETED", "CANCELED", "ERROR", "DELETED"]);
-
-export function allowed(exp) {
-  const s = stateName(exp.state);
-  const terminal = TERMINAL.has(s);
-  return {
-    pause: s === "ACTIVE",
-    activate: s === "PAUSED",
-    cancel: !terminal && !s.startsWith("STOPPING"),
-    kill: !terminal && s !== "STOPPING_KILLED",
-    archive: terminal && !exp.archived,
-    unarchive: terminal && exp.archived,
-  };
-}
+import { h } from "./dom.js";
+import { experimentActions } from "./vocabulary.js";
 
 const CONFIRM = {
   cancel: "Cancel this experiment? Its trials checkpoint and stop.",
@@ -23,19 +10,37 @@ const CONFIRM = {
 };
 
 export function actionButtons(exp, canModify, onDone, onError) {
-  const ok = allowed(exp);
+  const ok = experimentActions(exp.state);
+  if (exp.archived) ok.add("unarchive"); // an archived experiment unarchives in any state
   const title = canModify ? undefined : "only the owner or an admin can do this";
-  const button = (action, label, cls = "") => h("button", {
-    class: `small ${cls}`, "data-action": action, disabled: !canModify || !ok[action], title,
-    onclick: async (ev) => {
-      ev.stopPropagation();
-      if (CONFIRM[action] && !confirm(CONFIRM[action])) return;
-      ev.target.disabled = true;
-      try { await api(`/experiments/${exp.id}/${action}`, { method: "POST" }); onDone(action); } catch (e) { onError(e); }
-    },
-  }, label);
-  return h("span", { class: "actions" },
-    ok.activate ? button("activate", "Activate") : button("pause", "Pause"),
-    button("cancel", "Cancel"), button("kill", "Kill", "danger"),
-    exp.archived ? button("unarchive", "Unarchive") : button("archive", "Archive"));
+  const button = (action, label, cls = "") =>
+    h(
+      "button",
+      {
+        class: `small ${cls}`,
+        "data-action": action,
+        disabled: !canModify || !ok.has(action),
+        title,
+        onclick: async (ev) => {
+          ev.stopPropagation();
+          if (CONFIRM[action] && !confirm(CONFIRM[action])) return;
+          ev.target.disabled = true;
+          try {
+            await api(`/experiments/${exp.id}/${action}`, { method: "POST" });
+            onDone(action);
+          } catch (e) {
+            onError(e);
+          }
+        },
+      },
+      label,
+    );
+  return h(
+    "span",
+    { class: "actions" },
+    ok.has("activate") ? button("activate", "Activate") : button("pause", "Pause"),
+    button("cancel", "Cancel"),
+    button("kill", "Kill", "danger"),
+    exp.archived ? button("unarchive", "Unarchive") : button("archive", "Archive"),
+  );
 }

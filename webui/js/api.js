@@ -25,11 +25,17 @@ export function query(params) {
 }
 
 let onUnauthenticated = () => {};
-export function setUnauthenticatedHandler(fn) { onUnauthenticated = fn; }
+export function setUnauthenticatedHandler(fn) {
+  onUnauthenticated = fn;
+}
 
 async function failure(resp) {
   let body = {};
-  try { body = await resp.json(); } catch { /* not JSON */ }
+  try {
+    body = await resp.json();
+  } catch {
+    /* not JSON */
+  }
   const message = body.message || body.detail || `${resp.status} ${resp.statusText}`;
   if (resp.status === 401) onUnauthenticated();
   return new ApiError(resp.status, body.code || "", message);
@@ -40,7 +46,10 @@ export async function api(path, { method = "GET", body, params, signal } = {}) {
   if (method !== "GET") headers["X-CSRF-Token"] = csrfToken();
   if (body !== undefined) headers["Content-Type"] = "application/json";
   const resp = await fetch(`/api/v1${path}${query(params)}`, {
-    method, headers, signal, credentials: "same-origin",
+    method,
+    headers,
+    signal,
+    credentials: "same-origin",
     body: body === undefined ? undefined : JSON.stringify(body),
   });
   if (!resp.ok) throw await failure(resp);
@@ -61,8 +70,7 @@ export async function stream(path, { params, signal, onMessage, onData }) {
     if (done) break;
     if (onData) onData();
     buffered += decoder.decode(value, { stream: true });
-    let nl;
-    while ((nl = buffered.indexOf("\n")) >= 0) {
+    for (let nl = buffered.indexOf("\n"); nl >= 0; nl = buffered.indexOf("\n")) {
       const line = buffered.slice(0, nl).trim();
       buffered = buffered.slice(nl + 1);
       if (line) onMessage(JSON.parse(line).result);

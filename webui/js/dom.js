@@ -29,13 +29,23 @@ export function replace(el, ...children) {
 
 export const link = (href, ...children) => h("a", { href, "data-nav": "" }, ...children);
 
-export function stateName(s) { return (s || "").replace(/^STATE_/, ""); }
-export function stateBadge(s) { const n = stateName(s); return h("span", { class: `state ${n}` }, n.replace(/_/g, " ")); }
+export function stateName(s) {
+  return (s || "").replace(/^STATE_/, "");
+}
+export function stateBadge(s) {
+  const n = stateName(s);
+  return h("span", { class: `state ${n}` }, n.replace(/_/g, " "));
+}
 
 export function progressBar(p) {
   if (p === null || p === undefined) return h("span", { class: "muted" }, "–");
   const pct = Math.max(0, Math.min(100, p * 100));
-  return h("span", { title: `${pct.toFixed(0)}%` }, h("span", { class: "progress" }, h("span", { style: { width: `${pct}%` } })), ` ${pct.toFixed(0)}%`);
+  return h(
+    "span",
+    { title: `${pct.toFixed(0)}%` },
+    h("span", { class: "progress" }, h("span", { style: { width: `${pct}%` } })),
+    ` ${pct.toFixed(0)}%`,
+  );
 }
 
 export function num(v, digits = 4) {
@@ -67,12 +77,17 @@ export function bytes(n) {
   if (n === null || n === undefined) return "–";
   const units = ["B", "KB", "MB", "GB", "TB"];
   let i = 0;
-  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  while (n >= 1024 && i < units.length - 1) {
+    n /= 1024;
+    i++;
+  }
   return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
 }
 
 export function hparamsText(hp) {
-  return Object.entries(flatten(hp || {})).map(([k, v]) => `${k}=${typeof v === "number" ? num(v) : v}`).join(" ");
+  return Object.entries(flatten(hp || {}))
+    .map(([k, v]) => `${k}=${typeof v === "number" ? num(v) : v}`)
+    .join(" ");
 }
 
 export function flatten(obj, prefix = "") {
@@ -85,29 +100,24 @@ export function flatten(obj, prefix = "") {
   return out;
 }
 
-// A sortable table: columns [{key, label, value(row), render(row), num}]; state {sort, asc} kept by caller.
-export function sortableTable(columns, rows, view, onSort) {
-  const col = columns.find((c) => c.key === view.sort) || columns[0];
-  const value = col.value || ((r) => r[col.key]);
-  const sorted = [...rows].sort((a, b) => {
-    const x = value(a), y = value(b);
-    if (x === y) return 0;
-    if (x === null || x === undefined) return 1;
-    if (y === null || y === undefined) return -1;
-    return (x < y ? -1 : 1) * (view.asc ? 1 : -1);
-  });
-  const head = h("tr", {}, columns.map((c) => h("th", {
-    class: `${c.sortable === false ? "" : "sortable"} ${c.key === view.sort ? "sorted" : ""} ${view.asc ? "asc" : ""} ${c.num ? "num" : ""}`,
-    onclick: c.sortable === false ? undefined : () => onSort(c.key === view.sort ? { sort: c.key, asc: !view.asc } : { sort: c.key, asc: !!c.ascFirst }),
-  }, c.label)));
-  const body = sorted.map((r) => h("tr", {}, columns.map((c) => h("td", { class: `${c.num ? "num" : ""} ${c.wrap ? "wrap" : ""}` }, c.render ? c.render(r) : num((c.value || ((x) => x[c.key]))(r))))));
-  return h("div", { class: "table-wrap" }, h("table", {}, h("thead", {}, head), h("tbody", {}, body)));
-}
-
 export function copyable(text) {
-  const btn = h("button", { class: "small", onclick: async () => {
-    try { await navigator.clipboard.writeText(text); btn.textContent = "copied"; } catch { btn.textContent = "select it"; }
-    setTimeout(() => { btn.textContent = "copy"; }, 1500);
-  } }, "copy");
+  const btn = h(
+    "button",
+    {
+      class: "small",
+      onclick: async () => {
+        try {
+          await navigator.clipboard.writeText(text);
+          btn.textContent = "copied";
+        } catch {
+          btn.textContent = "select it";
+        }
+        setTimeout(() => {
+          btn.textContent = "copy";
+        }, 1500);
+      },
+    },
+    "copy",
+  );
   return h("span", { class: "copy" }, h("code", {}, text), btn);
 }

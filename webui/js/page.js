@@ -26,25 +26,70 @@ export function pageLife(errorLine) {
       else if (!closed && shown) life.close();
       return closed;
     },
-    error(message) { errorLine.textContent = message || ""; },
-    fail(e) { if (!life.closed() && e && e.name !== "AbortError") life.error(e.message); },
+    error(message) {
+      errorLine.textContent = message || "";
+    },
+    fail(e) {
+      if (!life.closed() && e && e.name !== "AbortError") life.error(e.message);
+    },
     later(fn, ms) {
-      const t = setTimeout(() => { timers.delete(t); if (!life.closed()) fn(); }, ms);
+      const t = setTimeout(() => {
+        timers.delete(t);
+        if (!life.closed()) fn();
+      }, ms);
       timers.add(t);
       return t;
     },
-    cancel(t) { clearTimeout(t); timers.delete(t); },
-    sleep(ms) { return new Promise((resolve) => life.later(resolve, ms)); },
+    cancel(t) {
+      clearTimeout(t);
+      timers.delete(t);
+    },
+    sleep(ms) {
+      return new Promise((resolve) => life.later(resolve, ms));
+    },
+    // A page without a change stream: `load()` now and again `ms` after each run ends; `now()` runs it at
+    // once (after an action, a new filter), never two at a time. A failed run shows on the error line.
+    every(load, ms) {
+      let timer = null;
+      let running = false;
+      let again = false;
+      const run = async () => {
+        if (running) {
+          again = true;
+          return;
+        }
+        life.cancel(timer);
+        running = true;
+        try {
+          await load();
+        } catch (e) {
+          life.fail(e);
+        } finally {
+          running = false;
+        }
+        if (life.closed()) return;
+        if (again) {
+          again = false;
+          run();
+        } else timer = life.later(run, ms);
+      };
+      run();
+      return { now: run };
+    },
     // Durations of things still running tick every second (a DOM update, no request).
     clock(root) {
-      const tick = () => { for (const el of root.querySelectorAll("[data-running-since]")) el.textContent = duration(el.dataset.runningSince, null); life.later(tick, 1000); };
+      const tick = () => {
+        for (const el of root.querySelectorAll("[data-running-since]"))
+          el.textContent = duration(el.dataset.runningSince, null);
+        life.later(tick, 1000);
+      };
       life.later(tick, 1000);
     },
     close() {
       closed = true;
-      timers.forEach(clearTimeout);
+      for (const t of timers) clearTimeout(t);
       timers.clear();
-      life.aborts.forEach((c) => c.abort());
+      for (const c of life.aborts) c.abort();
     },
   };
   return life;
@@ -73,14 +118,27 @@ export function liveUpdates(life, path) {
   let wake = null; // ends the wait for the tab to be shown
 
   const hidden = () => document.visibilityState === "hidden";
-  const stale = (t) => !t.loaded || t.keys.some((k) => digests[k] !== undefined && digests[k] !== t.covered[k]);
+  const stale = (t) =>
+    !t.loaded || t.keys.some((k) => digests[k] !== undefined && digests[k] !== t.covered[k]);
 
   async function run(t, now = false) {
     if (life.closed()) return;
     if (now) t.now = true;
-    if (t.running) { t.again = true; return; }
-    const wait = t.now ? 0 : t.lastStart + Math.max(t.minIntervalMs, t.spacing * t.lastTook) - performance.now();
-    if (wait > 0) { if (!t.timer) t.timer = life.later(() => { t.timer = null; if (mode !== "live" || stale(t)) run(t); }, wait); return; }
+    if (t.running) {
+      t.again = true;
+      return;
+    }
+    const wait = t.now
+      ? 0
+      : t.lastStart + Math.max(t.minIntervalMs, t.spacing * t.lastTook) - performance.now();
+    if (wait > 0) {
+      if (!t.timer)
+        t.timer = life.later(() => {
+          t.timer = null;
+          if (mode !== "live" || stale(t)) run(t);
+        }, wait);
+      return;
+    }
     t.running = true;
     t.again = false;
     t.now = false;
@@ -94,7 +152,8 @@ export function liveUpdates(life, path) {
     } catch (e) {
       life.fail(e);
       // A failed fetch is tried again (not a refusal: that would be refused again).
-      if (mode === "live" && !(e instanceof ApiError && e.status < 500)) life.later(() => run(t), FALLBACK_MS);
+      if (mode === "live" && !(e instanceof ApiError && e.status < 500))
+        life.later(() => run(t), FALLBACK_MS);
     } finally {
       t.running = false;
     }
@@ -115,15 +174,21 @@ export function liveUpdates(life, path) {
     let attempt = 0;
     while (!life.closed()) {
       if (hidden()) {
-        await new Promise((resolve) => { wake = resolve; });
+        await new Promise((resolve) => {
+          wake = resolve;
+        });
         wake = null;
         attempt = 0;
         continue;
       }
-      const controller = current = new AbortController();
+      const controller = new AbortController();
+      current = controller;
       life.aborts.push(controller);
       let watchdog = null;
-      const alive = () => { life.cancel(watchdog); watchdog = life.later(() => controller.abort(), STALL_MS); };
+      const alive = () => {
+        life.cancel(watchdog);
+        watchdog = life.later(() => controller.abort(), STALL_MS);
+      };
       try {
         alive();
         await stream(path, {
@@ -140,7 +205,10 @@ export function liveUpdates(life, path) {
       } catch (e) {
         if (life.closed()) return;
         if (e instanceof ApiError && e.status === 401) return; // the router goes to the login page
-        if (e instanceof ApiError && e.status === 404) { mode = "gone"; return; }
+        if (e instanceof ApiError && e.status === 404) {
+          mode = "gone";
+          return;
+        }
       } finally {
         life.cancel(watchdog);
         life.aborts.splice(life.aborts.indexOf(controller), 1);
@@ -155,19 +223,41 @@ export function liveUpdates(life, path) {
   }
 
   const onVisibility = () => {
-    if (hidden()) { if (current) current.abort(); } else if (wake) wake();
+    if (hidden()) {
+      if (current) current.abort();
+    } else if (wake) wake();
   };
   document.addEventListener("visibilitychange", onVisibility);
-  life.aborts.push({ abort: () => { document.removeEventListener("visibilitychange", onVisibility); if (wake) wake(); } });
+  life.aborts.push({
+    abort: () => {
+      document.removeEventListener("visibilitychange", onVisibility);
+      if (wake) wake();
+    },
+  });
   connect();
 
   return {
     on(keys, load, { minIntervalMs = 0, spacing = 0, eager = false } = {}) {
-      const t = { keys, load, minIntervalMs, spacing, covered: {}, loaded: false, running: false, again: false, now: false, lastStart: -Infinity, lastTook: 0, timer: null };
+      const t = {
+        keys,
+        load,
+        minIntervalMs,
+        spacing,
+        covered: {},
+        loaded: false,
+        running: false,
+        again: false,
+        now: false,
+        lastStart: -Infinity,
+        lastTook: 0,
+        timer: null,
+      };
       tables.push(t);
       if (eager || mode !== "connecting") run(t);
       return t;
     },
-    refresh(t) { if (t) run(t, true); },
+    refresh(t) {
+      if (t) run(t, true);
+    },
   };
 }
