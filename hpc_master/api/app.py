@@ -43,7 +43,7 @@ from hpc_master.db.migrate import upgrade_to_head
 from hpc_master.errors import ClientError, PayloadTooLargeError, TooManyRequestsError
 from hpc_master.masterconf import MasterConfig
 from hpc_master.services.lifecycle import watch_stop_requests
-from hpc_master.services.users import TokenCache, ensure_default_users
+from hpc_master.services.users import TokenCache, end_login_sessions, ensure_default_users
 from hpc_master.version import master_version
 
 log = logging.getLogger("hpc_master")
@@ -243,6 +243,8 @@ def build_state(config: MasterConfig, engine: Engine | None = None) -> AppState:
             require_passwords=config.passwords_required(),
             admin_password=config.security.admin_password,
         )
+        if not config.passwords_required():  # a personal master: its tokens die with each instance
+            end_login_sessions(session)
     url = engine.url.render_as_string(hide_password=True)
     cluster_id = str(uuid.UUID(hashlib.sha256(url.encode()).hexdigest()[:32]))
     # A master without passwords (loopback) admits blank-password logins only with its owner's key.

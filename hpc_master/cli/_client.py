@@ -6,6 +6,10 @@ token and no ``DET_USER``, the CLI logs in as ``determined`` with a blank passwo
 blank password goes with the key of a personal master on this host (``hpc_master.owner_key``) when this
 account has it, so only the master's owner gets in that way.
 ``DET_USER``/``DET_PASS`` log in non-interactively (for scripts).
+
+Before the first credential (a token, a password, an owner key) goes to a master on a loopback address, the
+CLI checks who listens there (``_peer``): its own account for its personal master, else the account it saw
+when it first logged in there (``server_uid`` in ``auth.json``); another account's listener gets nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import httpx
 
 from hpc_master import owner_key, paths
+from hpc_master.cli import _peer
 from hpc_master.errors import ClientError, ConfigError, ServerError, UnauthenticatedError
 from hpc_master.masterconf import is_loopback
 
@@ -97,10 +102,20 @@ def active_user(master: str) -> str | None:
     return user if isinstance(user, str) else None
 
 
-def store_token(master: str, user: str, token: str, *, make_active: bool = True) -> None:
+def pinned_uid(master: str) -> int | None:
+    """The uid that served `master` (a loopback one) when a token was first cached for it."""
+    uid = (_read_auth()["masters"].get(master) or {}).get("server_uid")
+    return uid if isinstance(uid, int) else None
+
+
+def store_token(
+    master: str, user: str, token: str, *, make_active: bool = True, server_uid: int | None = None
+) -> None:
     data = _read_auth()
     entry = data["masters"].setdefault(master, {})
     entry.setdefault("tokens", {})[user] = token
+    if server_uid is not None:
+        entry.setdefault("server_uid", server_uid)
     if make_active:
         entry["active_user"] = user
     _write_auth(data)
@@ -141,6 +156,10 @@ def _raise_for(response: httpx.Response) -> None:
     raise cls(response.status_code, code or "error", message, field if isinstance(field, str) else None)
 
 
+class UntrustedMasterError(ClientError):
+    default_code = "untrusted_master"
+
+
 class Session:
     """One master, one user. ``request`` logs in on first need and retries once on an expired token."""
 
@@ -149,6 +168,8 @@ class Session:
         self._explicit_user = user
         self._user: str | None = None
         self._token: str | None = None
+        self._peer_checked = False
+        self._server_uid: int | None = None
         self._http = httpx.Client(
             base_url=self.master, timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
         )
@@ -177,11 +198,45 @@ class Session:
         key = self._owner_key() if password == "" else None
         if key is not None:
             request["ownerKey"] = key
+        self._check_peer()
         body = self.call("POST", "/api/v1/auth/login", json=request, auth=False)
         token = str(body["token"])
-        store_token(self.master, username, token, make_active=make_active)
+        store_token(self.master, username, token, make_active=make_active, server_uid=self._server_uid)
         self._user, self._token = username, token
         return token
+
+    def _check_peer(self) -> None:
+        """Refuse to send credentials to a loopback master served by an account other than the expected one."""
+        if self._peer_checked:
+            return
+        url = httpx.URL(self.master)
+        if not is_loopback(url.host):
+            self._peer_checked = True
+            return
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            uid = _peer.server_uid(url.host, port)
+        except OSError:
+            return  # nothing listens: the request itself says the master is unreachable
+        self._peer_checked, self._server_uid = True, uid
+        if uid is None:
+            return
+        mine = owner_key.read(port) is not None
+        expected = os.getuid() if mine else pinned_uid(self.master)
+        if expected is None or uid == expected:
+            return
+        whose = (
+            "your personal master's (yours is not running there)" if mine else "the master's you logged in to"
+        )
+        raise UntrustedMasterError(
+            f"not sending credentials to {self.master}: the process listening there is run by "
+            f"{_peer.user_name(uid)}, not by {_peer.user_name(expected)}, {whose}. "
+            + (
+                "Start yours with: det-master --daemon"
+                if mine
+                else "If the master really moved, log in again with: det user login"
+            )
+        )
 
     def _owner_key(self) -> str | None:
         url = httpx.URL(self.master)
@@ -212,6 +267,7 @@ class Session:
             raise
 
     def token(self) -> str:
+        self._check_peer()
         if self._token is None:
             self._token = cached_token(self.master, self.username) or self._auto_login()
         return self._token
@@ -233,6 +289,7 @@ class Session:
 
         `content` may be a function returning a fresh iterator of chunks (a streamed upload that can be retried).
         """
+        self._check_peer()
         for attempt in range(2):
             hdrs = dict(headers or {})
             if auth:

@@ -320,6 +320,13 @@ def _refuse_removing_last_admin(session: Session, user: UserModel) -> None:
         )
 
 
+def end_login_sessions(session: Session) -> int:
+    """End every login session (the per-trial tokens of running jobs stay): a personal master does this at
+    each start, so a token it issued dies with it (one captured while it was down is worth nothing)."""
+    result = session.execute(delete(SessionModel).where(SessionModel.trial_id.is_(None)))
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
 def revoke_user_sessions(session: Session, user_id: int, *, keep_token_hash: str | None = None) -> int:
     """End a user's login sessions (not the per-trial tokens of their running jobs), but `keep_token_hash`."""
     stmt = delete(SessionModel).where(SessionModel.user_id == user_id, SessionModel.trial_id.is_(None))

@@ -189,6 +189,32 @@ def test_a_master_that_requires_passwords_writes_no_owner_key(engine: object, tm
         assert c.post("/api/v1/auth/login", json=body).status_code == 401
 
 
+def test_a_personal_masters_tokens_die_with_it_and_a_shared_masters_do_not(
+    client: TestClient, sessions: sessionmaker[Session], engine: object
+) -> None:
+    """A token captured while a personal master was down (its port squatted) is worth nothing once the owner
+    starts it again; its running jobs' per-trial tokens keep working. A shared master's sessions survive."""
+    from hpc_master.api.app import create_app
+
+    owner = login(client, "determined")
+    carol = make_user(client, login(client), "carol", "carol-pw")
+    trial_id, trial_token = trial_with_run(sessions, create_experiment(client, carol))
+    personal = client.app.state.det.config  # type: ignore[attr-defined]
+    with TestClient(create_app(personal, engine=engine)) as again:  # type: ignore[arg-type]
+        assert again.get("/api/v1/me", headers=owner).status_code == 401
+        assert again.get("/api/v1/me", headers=carol).status_code == 401
+        r = again.post(
+            f"/api/v1/trials/{trial_id}/progress", headers=bearer(trial_token), json={"progress": 0.5}
+        )
+        assert r.status_code == 200, r.text
+        carol = login(again, "carol", "carol-pw")
+    shared = personal.model_copy(
+        update={"security": personal.security.model_copy(update={"require_passwords": True})}
+    )
+    with TestClient(create_app(shared, engine=engine)) as again:  # type: ignore[arg-type]
+        assert again.get("/api/v1/me", headers=carol).status_code == 200
+
+
 # ---------------------------------------------------------------- 9. someone stays admin
 
 
