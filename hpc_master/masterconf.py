@@ -265,6 +265,31 @@ class SecurityConfig(StrictModel):
     ranks of the largest such job."""
 
 
+class TaskProxyConfig(StrictModel):
+    origin: str | None = None
+    """Where notebooks', TensorBoards' and other tasks' pages are served: an origin of their own, never the
+    master's, so a page a user's task serves cannot use anyone's web UI session (``docs/security.md``). A host
+    name of their own (``https://tasks.det.example.org``: DNS and the certificate name it, pointing at the
+    master) keeps even cookies apart; a second port of the master's host (``http://det.example.org:8081``)
+    does not, cookies ignore ports, but the master refuses its session from there. Default: the master's own
+    host on ``listen.port + 1`` (another free port when that one is taken)."""
+    port: int | None = Field(default=None, ge=0, le=65535)
+    """The port the master listens on for that origin (on ``listen.host``) when it is not ``listen.port``;
+    default: the origin's own (set it when a reverse proxy sits in between)."""
+
+    @field_validator("origin")
+    @classmethod
+    def _an_origin(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+            raise ValueError(f"expected an origin such as 'https://tasks.det.example.org', got {value!r}")
+        return f"{parts.scheme}://{parts.netloc}"
+
+
 class MasterConfig(StrictModel):
     db: DbConfig = DbConfig()
     """The database."""
@@ -306,6 +331,8 @@ class MasterConfig(StrictModel):
     its node (Determined's default, 300); 0: never. A task's ``idle_timeout`` overrides it."""
     security: SecurityConfig = SecurityConfig()
     """Logins, passwords, and how many streams a user may hold open (``docs/security.md``)."""
+    task_proxy: TaskProxyConfig = TaskProxyConfig()
+    """Where tasks' pages (notebooks, TensorBoards) are served: never on the master's own origin."""
     cluster_name: str = "hpc-det"
     """The name the web UI and ``GET /api/v1/master`` show."""
 
@@ -354,6 +381,31 @@ class MasterConfig(StrictModel):
             return self.external_url.rstrip("/")
         scheme = "https" if self.tls.cert else "http"
         return f"{scheme}://{self.listen.host}:{self.listen.port}"
+
+    def task_origin(self, bound_port: int | None = None) -> str:
+        """The origin tasks' pages are served on (``task_proxy``); `bound_port`: the port the master found free
+        for it when the default one was taken."""
+        if self.task_proxy.origin:
+            return self.task_proxy.origin
+        from urllib.parse import urlsplit
+
+        master = urlsplit(self.master_url())
+        host = f"[{master.hostname}]" if master.hostname and ":" in master.hostname else master.hostname
+        port = bound_port or (master.port or (443 if master.scheme == "https" else 80)) + 1
+        return f"{master.scheme}://{host}:{port}"
+
+    def task_listen_port(self) -> int | None:
+        """The port to listen on for the task origin; None when it is the master's own (a host name of its own
+        on the same port)."""
+        if self.task_proxy.port is not None:
+            return self.task_proxy.port
+        if not self.task_proxy.origin:
+            return self.listen.port + 1 if self.listen.port else 0
+        from urllib.parse import urlsplit
+
+        origin = urlsplit(self.task_proxy.origin)
+        port = origin.port or (443 if origin.scheme == "https" else 80)
+        return None if port == self.listen.port else port
 
     def listens_beyond_loopback(self) -> bool:
         return not is_loopback(self.listen.host)
@@ -417,6 +469,7 @@ ENV_OVERRIDES: dict[str, str] = {
     "DET_POLL_INTERVAL_S": "poll_interval_s",
     "DET_TLS_CERT": "tls.cert",
     "DET_TLS_KEY": "tls.key",
+    "DET_TASK_ORIGIN": "task_proxy.origin",
 }
 
 

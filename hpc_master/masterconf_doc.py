@@ -95,6 +95,10 @@ security:
   max_streams_per_user: 64
   max_long_polls_per_trial: 256
   # admin_password: only for the first start; prefer DET_ADMIN_PASSWORD in the unit's EnvironmentFile.
+task_proxy:
+  # Notebooks' and TensorBoards' pages: a host name of their own (DNS and the certificate name it).
+  origin: https://tasks.det.example.org:8443
+  port: null
 """
 """A shared master's whole ``master.yaml``, with every key but ``security.admin_password``."""
 

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -232,8 +233,10 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
     link = login_link(config)  # the owner key was written by create_app
     if link and sys.stderr.isatty():
         print(f"Web UI: {link}  (logs you in as determined until the master restarts)", file=sys.stderr)
-    server = NotifyingServer(uvicorn_config(app, config, log_level))
+    uv_config = uvicorn_config(app, config, log_level)
+    server = NotifyingServer(uv_config)
     signals.server = server
+    sockets = [uv_config.bind_socket(), *_task_origin_socket(config, state)]
     state.writer.start(worker=True)  # on SQLite, its ingest worker is ready for the first batch
     raise_open_files_limit()
     loop = make_lifecycle_loop(state)
@@ -242,7 +245,7 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
     keeper.start()
     try:
         if not signals.received:
-            server.run()  # returns once stopped and drained, the app's shutdown run
+            server.run(sockets=sockets)  # returns once stopped and drained, the app's shutdown run
     finally:
         state.close()  # the app's shutdown if uvicorn did not run it (a signal first, or a second one); idempotent
         loop.stop(timeout_s=LOOP_STOP_S)
@@ -254,6 +257,32 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
         state.engine.dispose()
         sd_notify("STATUS=stopped")
         log.info("stopped")
+
+
+def _task_origin_socket(config: MasterConfig, state: Any) -> list[socket.socket]:
+    """The listener of the task origin (``task_proxy``) when it is a port of its own; the default port
+    (``listen.port + 1``) gives way to a free one when taken, and the task origin says which."""
+    port = config.task_listen_port()
+    if port is None:
+        log.info("tasks' pages at %s (by host name, on the master's port)", state.task_origin)
+        return []
+    host = config.listen.host
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        if config.task_proxy.origin or config.task_proxy.port is not None:
+            sock.close()
+            raise SystemExit(f"cannot listen on {host}:{port} for tasks' pages (task_proxy): {e}") from None
+        sock.bind((host, 0))
+    state.task_port = sock.getsockname()[1]
+    if not config.task_proxy.origin:
+        state.task_origin = config.task_origin(bound_port=state.task_port)
+    sock.set_inheritable(True)
+    log.info("tasks' pages at %s", state.task_origin)
+    return [sock]
 
 
 def make_lifecycle_loop(state: Any) -> Any:

@@ -37,6 +37,7 @@ from hpc_master.api import (
 )
 from hpc_master.api.deps import AppState, get_principal
 from hpc_master.api.fast_ingest import MetricsFastPath
+from hpc_master.api.task_origin import TaskOriginGate
 from hpc_master.api.untyped_json import UntypedBodyAsJson
 from hpc_master.db.engine import make_engine, make_sessionmaker, transaction
 from hpc_master.db.migrate import upgrade_to_head
@@ -257,6 +258,7 @@ def build_state(config: MasterConfig, engine: Engine | None = None) -> AppState:
         master_id=str(uuid.uuid4()),
         cluster_id=cluster_id,
         owner_key_digest=key_digest,
+        task_origin=config.task_origin(),
     )
 
 
@@ -304,6 +306,7 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
     openapi = app.openapi
     app.openapi = lambda: responses_ui.errors_as_json(openapi())  # type: ignore[method-assign]
     app.add_middleware(MetricsFastPath)
+    app.add_middleware(TaskOriginGate, state=app.state.det)  # on the task origin, tasks' pages only
     app.add_middleware(UntypedBodyAsJson)  # Determined's client sends JSON without a Content-Type
     app.add_middleware(BodyLimit)  # outermost: refuses oversize bodies before anything reads them
     return app

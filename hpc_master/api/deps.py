@@ -41,6 +41,10 @@ class AppState:
     cluster_id: str
     owner_key_digest: str | None = None
     """A personal master's owner key (SHA-256; see ``hpc_master.owner_key``); None where passwords are required."""
+    task_origin: str = ""
+    """Where tasks' pages are served (``task_proxy``; ``api/task_origin.py``): never the master's own origin."""
+    task_port: int | None = None
+    """The port of the task origin's own listener, when it has one (set by ``det-master`` once bound)."""
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
     writer: MetricsWriter = field(init=False)
     checkpointer: WalCheckpointer | None = field(init=False)
@@ -105,13 +109,14 @@ def bearer_token(request: Request) -> str:
 
 def request_token(request: Request) -> str:
     """The session token: the ``Authorization`` header's, or else the web UI's session cookie (whose
-    state-changing requests must carry the CSRF header, ``session_cookie.check_csrf``)."""
+    requests must come from the master's own pages and, when they change something, carry the CSRF header:
+    ``session_cookie.check_cookie_request``)."""
     if "authorization" in request.headers:
         return bearer_token(request)
     token = session_cookie.cookie_token(request)
     if token is None:
         raise UnauthenticatedError("missing bearer token (Authorization: Bearer <token>)")
-    session_cookie.check_csrf(request, token)
+    session_cookie.check_cookie_request(request, token)
     return token
 
 

@@ -1,12 +1,13 @@
-"""``/proxy/{task_id}/…``: HTTP and WebSocket traffic to a notebook's or TensorBoard's server on its node.
+"""``/proxy/{task_id}/…``: HTTP and WebSocket traffic to a notebook's or TensorBoard's server on its node, served
+on the task origin only (``task_origin.py``: the master's own origin hands a browser over to it).
 
 Compute nodes are not reachable from a laptop; the master is. The proxy lets through only the task's owner
-(the web UI's session cookie, or a bearer token) and admins with a bearer token: a page served here runs on
-the master's origin, so an admin's browser never opens another user's page with the admin's cookie. For a
-cookie, requests that change something must come from the master's own pages (``Sec-Fetch-Site`` or
-``Origin``), as the API's CSRF check requires. The master's cookies and ``Authorization`` never reach the
-server; the proxy adds the task's server token (``service_token``, which the server requires: other users on
-the cluster network cannot use the port directly).
+(the task origin's cookie, handed over from the web UI's session, or a bearer token) and admins with a
+bearer token: an admin's browser never opens another user's page with the admin's session. For a cookie,
+requests that change something must come from the task's own pages (``Sec-Fetch-Site`` or ``Origin``).
+The master's and the task origin's cookies and ``Authorization`` never reach the server; the proxy adds the
+task's server token (``service_token``, which the server requires: other users on the cluster network
+cannot use the port directly).
 
 Each request costs one cached lookup (task → address and token, kept ``TARGET_TTL_S``) and the forward
 itself; the bodies stream both ways. A WebSocket is pumped both ways until either side closes, and is closed
@@ -29,7 +30,7 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocketDisconnect
 
-from hpc_master.api import session_cookie
+from hpc_master.api import session_cookie, task_origin
 from hpc_master.api.deps import AppState, app_state
 from hpc_master.api.routes_tasks import TASK_ID_PATTERN
 from hpc_master.auth import hash_token
@@ -54,7 +55,9 @@ HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
      "transfer-encoding", "upgrade", "host", "authorization", "cookie", "content-length"}
 )  # fmt: skip
-OUR_COOKIES = frozenset({session_cookie.SESSION_COOKIE, session_cookie.CSRF_COOKIE})
+OUR_COOKIES = frozenset(
+    {*session_cookie.SESSION_COOKIES, session_cookie.CSRF_COOKIE, task_origin.TASK_COOKIE}
+)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 METHODS = ["GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE"]
 
@@ -123,47 +126,50 @@ def targets(state: AppState) -> Targets:
 
 
 def _token(headers: Any, cookies: dict[str, str]) -> tuple[str, bool]:
-    """(token, from a cookie)."""
+    """(token, from the task origin's cookie)."""
     header = headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip(), False
-    cookie = cookies.get(session_cookie.SESSION_COOKIE, "").strip()
+    cookie = cookies.get(task_origin.TASK_COOKIE, "").strip()
     if cookie:
         return cookie, True
-    raise ProxyError(401, "unauthenticated", "log in to the web UI first (or send a bearer token)")
+    raise ProxyError(401, "unauthenticated", "open the task from the web UI (or send a bearer token)")
 
 
-def _same_origin(headers: Any) -> bool:
-    site = headers.get("sec-fetch-site")
-    if site is not None:
-        return bool(site in ("same-origin", "none"))
-    origin = headers.get("origin")
-    if origin is None:
-        return True  # not a browser's cross-origin request: browsers send Origin on those
-    host = headers.get("host", "")
-    return bool(origin.split("://", 1)[-1] == host)
+_same_origin = session_cookie.from_own_pages
 
 
 def _lookup(state: AppState, token: str, task_id: str, by_cookie: bool) -> Target:
+    """The task's target for a bearer token, or for a task-origin cookie (which stands on a web UI session)."""
     with state.tx() as session:
         try:
-            principal: Principal = users.authenticate(session, token, state.tokens)
+            if by_cookie:
+                grant = task_origin.task_sessions(state).get(token, task_id)
+                if grant is None:
+                    raise UnauthenticatedError("this task's session has ended: open the task from the web UI")
+                principal: Principal = users.authenticate_hash(session, grant.session_hash, state.tokens)
+            else:
+                principal = users.authenticate(session, token, state.tokens)
             principal.require_user()
         except UnauthenticatedError as e:
             raise ProxyError(401, "unauthenticated", str(e)) from None
         except PermissionDeniedError as e:
             raise ProxyError(403, "permission_denied", str(e)) from None
-        task = session.get(TaskModel, task_id)
-        if task is None or not access.task_visible(principal, task.owner_id):
-            raise ProxyError(404, "not_found", f"task {task_id} not found")
-        if by_cookie and not access.is_own(principal, task.owner_id):
-            raise ProxyError(
-                403, "permission_denied",
-                f"task {task_id} is another user's: an admin reaches it with a bearer token, never with the "
-                "web UI's cookie (its pages would run with the admin's session)",
-            )  # fmt: skip
-        return _ready_target(task, task_id)
+        return _owned_target(session, principal, task_id, by_cookie)
+
+
+def _owned_target(session: Any, principal: Principal, task_id: str, by_cookie: bool) -> Target:
+    task = session.get(TaskModel, task_id)
+    if task is None or not access.task_visible(principal, task.owner_id):
+        raise ProxyError(404, "not_found", f"task {task_id} not found")
+    if by_cookie and not access.is_own(principal, task.owner_id):
+        raise ProxyError(
+            403, "permission_denied",
+            f"task {task_id} is another user's: an admin reaches it with a bearer token, never with the "
+            "web UI's session (its pages would run with the admin's session)",
+        )  # fmt: skip
+    return _ready_target(task, task_id)
 
 
 def _ready_target(task: TaskModel, task_id: str) -> Target:
@@ -256,11 +262,14 @@ def _forward_headers(headers: Any, token: str, host: str) -> list[tuple[str, str
     return out
 
 
-def _error_response(request: Request, err: ProxyError) -> Response:
+def _error_response(request: Request, err: ProxyError, master: str = "") -> Response:
+    """`master`: the master's origin, when the request came to the task origin (a 401 goes back there, to be
+    handed over again or to log in)."""
     if err.status == 401 and "text/html" in request.headers.get("accept", "") and request.method == "GET":
         from urllib.parse import quote
 
-        return Response(status_code=303, headers={"location": f"/login?next={quote(request.url.path)}"})
+        where = f"{master}{quote(request.url.path)}" if master else f"/login?next={quote(request.url.path)}"
+        return Response(status_code=303, headers={"location": where})
     if err.retry and "text/html" in request.headers.get("accept", ""):
         page = (
             "<!doctype html><meta charset=utf-8><meta http-equiv=refresh content=2><title>Starting…</title>"
@@ -286,17 +295,81 @@ def determined_interactive(task_id: str) -> Response:
     return Response(status_code=303, headers={"location": f"/proxy/{task_id}/"})
 
 
+def _task_origin_of(state: AppState) -> str:
+    return str(getattr(state, "task_origin", "") or state.config.task_origin())
+
+
+@router.get(task_origin.HANDOFF_PATH)
+def task_login(request: Request, code: str = "", next: str = "") -> Response:  # the URL's name
+    """The task origin's half of the hand-over: a one-time code from the master's origin becomes this origin's
+    cookie for the one task `next` names, and the browser goes on to `next`."""
+    state = app_state(request)
+    parts = next.split("/")
+    task_id = parts[2] if len(parts) > 3 and parts[1] == "proxy" else ""
+    token = task_origin.task_sessions(state).redeem(code, task_id) if _valid_id(task_id) and code else None
+    if token is None:
+        page = (
+            "<!doctype html><meta charset=utf-8><title>Link expired</title><body style='font:16px system-ui;"
+            "margin:3em'><h1>This link has expired</h1><p>Open the task again from the web UI: "
+            f"<a href='{_html(state.config.master_url())}/tasks'>Tasks</a>.</p>"
+        )
+        return HTMLResponse(page, status_code=400, headers={"content-security-policy": task_origin.CSP})
+    response = Response(status_code=303, headers={"location": next})
+    response.set_cookie(
+        task_origin.TASK_COOKIE, token, path=f"/proxy/{task_id}/", httponly=True, samesite="lax",
+        secure=_task_origin_of(state).startswith("https:"), max_age=int(task_origin.TASK_SESSION_TTL_S),
+    )  # fmt: skip
+    return response
+
+
+def _hand_over(request: Request, state: AppState, task_id: str) -> Response:
+    """A browser on the master's origin asks for a task's page: with its own web UI session (from the master's
+    own pages, or typed) it is sent to the task origin with a one-time code; otherwise to the login page."""
+    origin = _task_origin_of(state)
+    token = session_cookie.cookie_token(request)
+    where = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    if request.method not in ("GET", "HEAD"):
+        return JSONResponse(
+            {"code": "wrong_origin", "message": f"tasks' pages are served at {origin}{where}, not here"},
+            status_code=421, headers={"location": f"{origin}{where}"},
+        )  # fmt: skip
+    try:
+        if token is None:
+            raise ProxyError(401, "unauthenticated", "log in to the web UI first")
+        if not session_cookie.from_own_pages(request.headers):
+            raise ProxyError(403, "cross_site", "a task is opened from the master's own pages")
+        with state.tx() as session:
+            try:
+                principal = users.authenticate(session, token, state.tokens)
+                principal.require_user()
+            except (UnauthenticatedError, PermissionDeniedError) as e:
+                raise ProxyError(401, "unauthenticated", str(e)) from None
+            _owned_target(session, principal, task_id, by_cookie=True)
+    except ProxyError as err:
+        return _error_response(request, err)
+    code = task_origin.task_sessions(state).hand_off(principal.user_id, token, task_id)
+    return Response(status_code=303, headers={"location": task_origin.task_login_url(origin, code, where)})
+
+
 @router.api_route("/proxy/{task_id}/{path:path}", methods=METHODS)
 async def proxy_http(task_id: str, path: str, request: Request) -> Response:
     state = app_state(request)
+    if not _valid_id(task_id):
+        return _error_response(request, ProxyError(404, "not_found", f"task {task_id[:64]!r} not found"))
+    # A browser never adds Authorization by itself: a bearer token's request is a script's (the CLI, the SDK,
+    # an admin's), answered wherever it comes; a browser's goes to the task origin.
+    bearer = "authorization" in request.headers
+    if not bearer and not task_origin.on_task_origin(request.scope, _task_origin_of(state), state.task_port):
+        return await run_in_threadpool(_hand_over, request, state, task_id)
+    master = state.config.master_url()
     try:
         target = await resolve(state, request.headers, dict(request.cookies), task_id, request.method)
     except ProxyError as err:
-        return _error_response(request, err)
+        return _error_response(request, err, master)
     try:
         url = f"http://{target.address}{upstream_path(task_id, request.scope.get('raw_path') or b'')}"
     except ProxyError as err:
-        return _error_response(request, err)
+        return _error_response(request, err, master)
     if request.url.query:
         url += f"?{request.url.query}"
     client = targets(state).http()
@@ -320,13 +393,19 @@ async def proxy_http(task_id: str, path: str, request: Request) -> Response:
         (k.encode("latin-1"), v.encode("latin-1"))
         for k, v in upstream.headers.multi_items()
         if k.lower() not in HOP_BY_HOP - {"content-length"}
-    ]
+    ] + [(b"content-security-policy", task_origin.CSP.encode())]  # its scripts stay on this origin
     return response
 
 
 @router.websocket("/proxy/{task_id}/{path:path}")
 async def proxy_ws(websocket: WebSocket, task_id: str, path: str) -> None:
     state: AppState = websocket.app.state.det
+    bearer = "authorization" in websocket.headers  # a script's (a browser cannot set it on a WebSocket)
+    if not bearer and not task_origin.on_task_origin(
+        websocket.scope, _task_origin_of(state), state.task_port
+    ):
+        await websocket.close(code=1008, reason="tasks' pages and their sockets are on the task origin")
+        return
     if not _same_origin(websocket.headers):
         await websocket.close(code=1008, reason="a WebSocket from another site cannot use your session")
         return

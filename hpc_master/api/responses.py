@@ -103,6 +103,8 @@ class Session(TypedDict):
 
     user: User
     passwordsRequired: bool
+    csrfToken: str | None
+    """The X-CSRF-Token value of a cookie session (None for a bearer token)."""
 
 
 @with_config(STRICT)

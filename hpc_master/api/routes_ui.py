@@ -16,7 +16,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hpc_master.api import convert, responses, responses_ui, routes_ui_live
+from hpc_master.api import convert, responses, responses_ui, routes_ui_live, session_cookie
 from hpc_master.api.bounds import Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal
 from hpc_master.db.models import ExperimentModel, UserModel
@@ -172,11 +172,17 @@ def cluster_to_api(view: ClusterView) -> dict[str, Any]:
 
 
 @router.get("/webui/session", response_model=responses.Session)
-def ui_session(state: State, principal: UserPrincipal) -> dict[str, Any]:
-    """Who the browser is logged in as (the UI's first request; 401 sends it to the login page)."""
+def ui_session(request: Request, state: State, principal: UserPrincipal) -> dict[str, Any]:
+    """Who the browser is logged in as (the UI's first request; 401 sends it to the login page), and the CSRF
+    value its state-changing requests carry (no cookie of the master is readable by a script)."""
+    token = session_cookie.cookie_token(request) if "authorization" not in request.headers else None
     with state.tx() as session:
         user = get_or_404(session, UserModel, principal.user_id, "user")
-        return {"user": convert.user_to_api(user), "passwordsRequired": state.config.passwords_required()}
+        return {
+            "user": convert.user_to_api(user),
+            "passwordsRequired": state.config.passwords_required(),
+            "csrfToken": session_cookie.csrf_token_for(token) if token else None,
+        }
 
 
 @router.get("/webui/vocabulary", response_model=responses_ui.Vocabulary)

@@ -161,7 +161,12 @@ def logout(session: Session, token: str, cache: TokenCache | None = None) -> Non
 
 
 def authenticate(session: Session, token: str, cache: TokenCache | None = None) -> Principal:
-    token_hash = auth.hash_token(token)
+    return authenticate_hash(session, auth.hash_token(token), cache)
+
+
+def authenticate_hash(session: Session, token_hash: str, cache: TokenCache | None = None) -> Principal:
+    """The principal of the session whose token has this SHA-256 (a task page's session stands on its web UI
+    session this way: logging out ends both)."""
     if cache is not None:
         cached = cache.get(token_hash)
         if cached is not None:

@@ -59,13 +59,37 @@ def test_cookie_login_sets_httponly_samesite_strict_cookies(
     r = client.post("/api/v1/auth/login?cookie=true", json={"username": "alice", "password": "alice-pw"})
     assert r.status_code == 200
     cookies = r.headers.get_list("set-cookie")
-    session = next(c for c in cookies if c.startswith(f"{SESSION_COOKIE}="))
-    csrf = next(c for c in cookies if c.startswith(f"{CSRF_COOKIE}="))
+    (session,) = [c for c in cookies if c.startswith(f"{SESSION_COOKIE}=")]
     assert "HttpOnly" in session and "SameSite=strict" in session and "Path=/" in session
-    assert "HttpOnly" not in csrf and "SameSite=strict" in csrf
-    assert "Secure" not in session  # no TLS here
+    assert "Secure" not in session  # no TLS here: the plain name (with TLS, __Host-det_session and Secure)
+    # No cookie of the master is readable by a script: the CSRF value comes in JSON, never as a cookie.
+    assert not [c for c in cookies if "HttpOnly" not in c and not c.startswith(f'{CSRF_COOKIE}=""')], cookies
     token = session.split(";")[0].split("=", 1)[1]
-    assert r.json()["csrfToken"] == csrf_token_for(token) == csrf.split(";")[0].split("=", 1)[1]
+    assert r.json()["csrfToken"] == csrf_token_for(token)
+    assert client.get("/api/v1/webui/session").json()["csrfToken"] == csrf_token_for(token)
+
+
+def test_the_session_cookie_works_only_from_the_masters_own_pages(
+    client: TestClient, seeded: dict[str, Any]
+) -> None:
+    """Cookies ignore ports, and SameSite counts every port of a host as the same site: a task's page served on
+    another port would have the browser attach the session. The master refuses it from anywhere but its own
+    pages (Sec-Fetch-Site, or Origin where a browser sends no Sec-Fetch-Site)."""
+    csrf = cookie_login(client, "alice", "alice-pw")
+    for headers in ({}, {"sec-fetch-site": "same-origin"}, {"sec-fetch-site": "none"}):
+        assert client.get("/api/v1/me", headers=headers).status_code == 200
+    for site in ("same-site", "cross-site"):
+        r = client.get("/api/v1/me", headers={"sec-fetch-site": site})
+        assert r.status_code == 403 and r.json()["code"] == "cross_site", r.text
+        r = client.post(
+            f"/api/v1/experiments/{seeded['asha']}/pause",
+            headers={"sec-fetch-site": site, "X-CSRF-Token": csrf},
+        )
+        assert r.status_code == 403 and r.json()["code"] == "cross_site", r.text
+    r = client.get("/api/v1/me", headers={"origin": "http://testserver:8081"})
+    assert r.status_code == 403 and r.json()["code"] == "cross_site"
+    assert client.get("/api/v1/me", headers={"origin": "http://testserver"}).status_code == 200
+    client.cookies.clear()
 
 
 def test_cookie_session_reads_without_csrf_and_writes_only_with_it(

@@ -1,5 +1,7 @@
 // The REST API, as the browser calls it: the session cookie is sent by the browser (HttpOnly: this script
-// never sees the token); every state-changing request carries the CSRF token from the det_csrf cookie.
+// never sees the token); every state-changing request carries the session's CSRF value, which the master
+// hands over in JSON (the login answer, GET /webui/session) and this module keeps in memory: no cookie of
+// the master is readable by a script.
 
 export class ApiError extends Error {
   constructor(status, code, message) {
@@ -9,9 +11,9 @@ export class ApiError extends Error {
   }
 }
 
-function csrfToken() {
-  const m = document.cookie.match(/(?:^|;\s*)det_csrf=([^;]+)/);
-  return m ? decodeURIComponent(m[1]) : "";
+let csrf = "";
+export function setCsrfToken(value) {
+  csrf = value || "";
 }
 
 export function query(params) {
@@ -43,7 +45,7 @@ async function failure(resp) {
 
 export async function api(path, { method = "GET", body, params, signal } = {}) {
   const headers = { Accept: "application/json" };
-  if (method !== "GET") headers["X-CSRF-Token"] = csrfToken();
+  if (method !== "GET") headers["X-CSRF-Token"] = csrf;
   if (body !== undefined) headers["Content-Type"] = "application/json";
   const resp = await fetch(`/api/v1${path}${query(params)}`, {
     method,

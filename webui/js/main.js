@@ -1,7 +1,7 @@
 // The router: history-API paths, one page module per route; a page's render() returns its cleanup (its
 // pageLife's close: timers, requests, streams), run when the page is left. Pages import components/ and
 // tabs/, never one another (tests/unit/test_webui_layout.py).
-import { ApiError, api, setUnauthenticatedHandler } from "./api.js";
+import { ApiError, api, setCsrfToken, setUnauthenticatedHandler } from "./api.js";
 import { h, replace } from "./dom.js";
 import * as login from "./pages/login.js";
 import * as experiments from "./pages/experiments.js";
@@ -108,6 +108,7 @@ async function route() {
     // Who is logged in, and the master's vocabulary (its states and actions), both before any page draws.
     try {
       [session] = await Promise.all([session || api("/webui/session"), loadVocabulary()]);
+      setCsrfToken(session.csrfToken);
     } catch (e) {
       // A 401 has gone to the login page already (api.js); anything else is said here, with a way to retry.
       if (mine === routing && !(e instanceof ApiError && e.status === 401)) {
@@ -135,6 +136,7 @@ async function route() {
       navigate,
       onLogin: (s) => {
         session = s;
+        setCsrfToken(s.csrfToken);
       },
     }) || null;
 }
