@@ -322,6 +322,15 @@ def task_login(request: Request, code: str = "", next: str = "") -> Response:  #
     return response
 
 
+def _a_browser_elsewhere(scope: Any, headers: Any, state: AppState) -> bool:
+    """A browser's request (no ``Authorization``: a browser never adds it by itself, nor can a page set it on a
+    WebSocket) that did not come to the task origin. A bearer token's request is a script's (the CLI, the SDK,
+    an admin's): it is answered wherever it comes."""
+    if "authorization" in headers:
+        return False
+    return not task_origin.on_task_origin(scope, _task_origin_of(state), state.task_port)
+
+
 def _hand_over(request: Request, state: AppState, task_id: str) -> Response:
     """A browser on the master's origin asks for a task's page: with its own web UI session (from the master's
     own pages, or typed) it is sent to the task origin with a one-time code; otherwise to the login page."""
@@ -356,20 +365,13 @@ async def proxy_http(task_id: str, path: str, request: Request) -> Response:
     state = app_state(request)
     if not _valid_id(task_id):
         return _error_response(request, ProxyError(404, "not_found", f"task {task_id[:64]!r} not found"))
-    # A browser never adds Authorization by itself: a bearer token's request is a script's (the CLI, the SDK,
-    # an admin's), answered wherever it comes; a browser's goes to the task origin.
-    bearer = "authorization" in request.headers
-    if not bearer and not task_origin.on_task_origin(request.scope, _task_origin_of(state), state.task_port):
+    if _a_browser_elsewhere(request.scope, request.headers, state):
         return await run_in_threadpool(_hand_over, request, state, task_id)
-    master = state.config.master_url()
     try:
         target = await resolve(state, request.headers, dict(request.cookies), task_id, request.method)
-    except ProxyError as err:
-        return _error_response(request, err, master)
-    try:
         url = f"http://{target.address}{upstream_path(task_id, request.scope.get('raw_path') or b'')}"
     except ProxyError as err:
-        return _error_response(request, err, master)
+        return _error_response(request, err, state.config.master_url())
     if request.url.query:
         url += f"?{request.url.query}"
     client = targets(state).http()
@@ -380,12 +382,7 @@ async def proxy_http(task_id: str, path: str, request: Request) -> Response:
     try:
         upstream = await client.send(upstream_request, stream=True)
     except httpx.HTTPError as e:
-        targets(state).forget(task_id)
-        log.info("task %s: its server does not answer: %r", task_id, e)  # never echoed to the client
-        return JSONResponse(
-            {"code": "upstream_unreachable", "message": f"task {task_id}'s server does not answer"},
-            status_code=502,
-        )
+        return _unreachable(state, task_id, e)
     response = StreamingResponse(
         upstream.aiter_raw(), status_code=upstream.status_code, background=BackgroundTask(upstream.aclose)
     )
@@ -397,13 +394,19 @@ async def proxy_http(task_id: str, path: str, request: Request) -> Response:
     return response
 
 
+def _unreachable(state: AppState, task_id: str, error: Exception) -> Response:
+    targets(state).forget(task_id)
+    log.info("task %s: its server does not answer: %r", task_id, error)  # never echoed to the client
+    return JSONResponse(
+        {"code": "upstream_unreachable", "message": f"task {task_id}'s server does not answer"},
+        status_code=502,
+    )
+
+
 @router.websocket("/proxy/{task_id}/{path:path}")
 async def proxy_ws(websocket: WebSocket, task_id: str, path: str) -> None:
     state: AppState = websocket.app.state.det
-    bearer = "authorization" in websocket.headers  # a script's (a browser cannot set it on a WebSocket)
-    if not bearer and not task_origin.on_task_origin(
-        websocket.scope, _task_origin_of(state), state.task_port
-    ):
+    if _a_browser_elsewhere(websocket.scope, websocket.headers, state):
         await websocket.close(code=1008, reason="tasks' pages and their sockets are on the task origin")
         return
     if not _same_origin(websocket.headers):

@@ -160,6 +160,25 @@ class UntrustedMasterError(ClientError):
     default_code = "untrusted_master"
 
 
+def _expect(master: str, port: int, uid: int) -> None:
+    """Raise unless `uid` serves `master` as expected: this account, for its personal master on `port` (it holds
+    the owner key); else the account pinned at the first login (none pinned yet: anyone, to be pinned)."""
+    mine = owner_key.read(port) is not None
+    expected = os.getuid() if mine else pinned_uid(master)
+    if expected is None or uid == expected:
+        return
+    whose = "your personal master's (yours is not running there)" if mine else "the master's you logged in to"
+    advice = (
+        "Start yours with: det-master --daemon"
+        if mine
+        else "If it really moved, log in again: det user login"
+    )
+    raise UntrustedMasterError(
+        f"not sending credentials to {master}: the process listening there is run by {_peer.user_name(uid)}, "
+        f"not by {_peer.user_name(expected)}, {whose}. {advice}"
+    )
+
+
 class Session:
     """One master, one user. ``request`` logs in on first need and retries once on an expired token."""
 
@@ -219,24 +238,8 @@ class Session:
         except OSError:
             return  # nothing listens: the request itself says the master is unreachable
         self._peer_checked, self._server_uid = True, uid
-        if uid is None:
-            return
-        mine = owner_key.read(port) is not None
-        expected = os.getuid() if mine else pinned_uid(self.master)
-        if expected is None or uid == expected:
-            return
-        whose = (
-            "your personal master's (yours is not running there)" if mine else "the master's you logged in to"
-        )
-        raise UntrustedMasterError(
-            f"not sending credentials to {self.master}: the process listening there is run by "
-            f"{_peer.user_name(uid)}, not by {_peer.user_name(expected)}, {whose}. "
-            + (
-                "Start yours with: det-master --daemon"
-                if mine
-                else "If the master really moved, log in again with: det user login"
-            )
-        )
+        if uid is not None:
+            _expect(self.master, port, uid)
 
     def _owner_key(self) -> str | None:
         url = httpx.URL(self.master)

@@ -121,7 +121,7 @@ def test_preemption_signal_while_an_async_save_is_in_flight_resumes_exactly(
     # Slurm's preemption SIGTERM (GraceTime before the SIGKILL), to every process of the job: this one-slot job
     # runs its script in the batch step, which `--signal` alone does not reach (it signals steps only).
     subprocess.run(["scancel", "--signal=TERM", "--full", job[0]], check=True)
-    wait_for(lambda: len(_logs(master, exp, trial["id"])) == 2, 60, "the trial's next run")
+    wait_for(lambda: len(_logs(master, exp, trial["id"])) == 2, 120, "the trial's next run")
     first = _logs(master, exp, trial["id"])[0]
     steps, uuid = _stopped_exactly(master, alice, exp, first)
     _resumed_like_uninterrupted(master, alice, exp, steps, uuid)
