@@ -74,3 +74,26 @@ def test_required_passwords_refuse_blank_admin(tmp_path: Path) -> None:
             == 401
         )
         login(client, "admin", "s3cret")
+
+
+def test_the_task_origin_is_never_the_masters_own() -> None:
+    """Tasks' pages (issue 35): by default a second port of the master's host; or a host name of their own,
+    on the master's port (one listener, told apart by Host) or another; anything but an origin is refused."""
+    config = parse_master_config({"listen": {"port": 8080}}, env={})
+    assert config.task_origin() == "http://127.0.0.1:8081" and config.task_listen_port() == 8081
+    assert config.task_origin(bound_port=40001) == "http://127.0.0.1:40001"  # 8081 was taken
+    shared = {"listen": {"host": "0.0.0.0", "port": 8443}, "external_url": "https://det.example.org:8443"}
+    named = parse_master_config(
+        {**shared, "task_proxy": {"origin": "https://tasks.det.example.org:8443/"}}, env={}
+    )
+    assert named.task_origin() == "https://tasks.det.example.org:8443" and named.task_listen_port() is None
+    apart = parse_master_config({**shared, "task_proxy": {"origin": "https://det.example.org:9443"}}, env={})
+    assert apart.task_listen_port() == 9443
+    behind = {"origin": "https://tasks.det.example.org", "port": 8444}
+    assert parse_master_config({**shared, "task_proxy": behind}, env={}).task_listen_port() == 8444
+    env = {"DET_TASK_ORIGIN": "http://tasks.localhost:8080"}
+    assert parse_master_config({}, env=env).task_origin() == "http://tasks.localhost:8080"
+    for bad in ("tasks.det.example.org", "ftp://tasks.example.org", "https://tasks.example.org/proxy/"):
+        with pytest.raises(ConfigError) as info:
+            parse_master_config({"task_proxy": {"origin": bad}}, env={})
+        assert info.value.field == "task_proxy.origin" and "expected an origin" in info.value.message
