@@ -9,7 +9,6 @@ counted the same way, shows that the count sees a success when there is one."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import threading
 import time
@@ -143,12 +142,11 @@ def _serve(app: Any, sockets: list[socket.socket]) -> tuple[uvicorn.Server, thre
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[dict[str, Any]]:
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     from hpc_master.api.app import create_app
 
-    saved = {k: os.environ.get(k) for k in ("HOME", "DET_MASTER_DATA_DIR", "DET_MASTER_STATE_DIR")}
-    os.environ.update(HOME=str(tmp_path / "home"), DET_MASTER_DATA_DIR=str(tmp_path / "data"),
-                      DET_MASTER_STATE_DIR=str(tmp_path / "state"))  # fmt: skip
+    for name, sub in (("HOME", "home"), ("DET_MASTER_DATA_DIR", "data"), ("DET_MASTER_STATE_DIR", "state")):
+        monkeypatch.setenv(name, str(tmp_path / sub))
     port, task_port, nb_port = free_port(), free_port(), free_port()
     url = f"sqlite:///{tmp_path / 'master.db'}"
     config = parse_master_config(
@@ -192,11 +190,6 @@ def world(tmp_path: Path) -> Iterator[dict[str, Any]]:
             server.should_exit = True
             thread.join(10)
         engine.dispose()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def test_a_notebooks_page_cannot_use_the_session_of_the_user_who_opens_it(
