@@ -217,14 +217,14 @@ class Session:
         key = self._owner_key() if password == "" else None
         if key is not None:
             request["ownerKey"] = key
-        self._check_peer()
+        self.check_peer()
         body = self.call("POST", "/api/v1/auth/login", json=request, auth=False)
         token = str(body["token"])
         store_token(self.master, username, token, make_active=make_active, server_uid=self._server_uid)
         self._user, self._token = username, token
         return token
 
-    def _check_peer(self) -> None:
+    def check_peer(self) -> None:
         """Refuse to send credentials to a loopback master served by an account other than the expected one."""
         if self._peer_checked:
             return
@@ -270,7 +270,7 @@ class Session:
             raise
 
     def token(self) -> str:
-        self._check_peer()
+        self.check_peer()
         if self._token is None:
             self._token = cached_token(self.master, self.username) or self._auto_login()
         return self._token
@@ -292,7 +292,7 @@ class Session:
 
         `content` may be a function returning a fresh iterator of chunks (a streamed upload that can be retried).
         """
-        self._check_peer()
+        self.check_peer()
         for attempt in range(2):
             hdrs = dict(headers or {})
             if auth:

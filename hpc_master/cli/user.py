@@ -71,10 +71,13 @@ def _login(args: argparse.Namespace) -> int:
         if not sys.stdin.isatty():
             raise ClientError("give the user name: det user login USERNAME")
         username = input("Username: ").strip()
+    session = Session(args.master, username)
+    session.check_peer()  # before asking for a password that would not be sent
     password = os.environ.get("DET_PASS")
     if password is None:
+        if not sys.stdin.isatty():
+            raise ClientError(f"no password for {username!r}: type it at a terminal, or set DET_PASS")
         password = getpass.getpass(f"Password for user '{username}': ")
-    session = Session(args.master, username)
     session.login(username, password)
     print(f"Logged in as {username!r} on {session.master}")
     return 0
