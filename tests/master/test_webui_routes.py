@@ -415,3 +415,44 @@ def test_the_actions_offered_per_state_are_those_the_master_takes(
             else:
                 assert r.status_code >= 400 or not moved, (state, action, r.text, after["state"])
     assert offered_somewhere == {"pause", "activate", "cancel", "kill", "archive"}
+
+
+def test_under_tls_the_session_cookie_is_host_only_and_secure(engine: Any, tmp_path: Any) -> None:
+    """A master that serves TLS names its session cookie ``__Host-det_session`` (the browser then insists on
+    Secure, Path=/ and no Domain: a page on another port of the host, over plain HTTP, never gets it)."""
+    from hpc_master.api.app import create_app
+    from hpc_master.masterconf import parse_master_config
+
+    url = engine.url.render_as_string(hide_password=False)
+    config = parse_master_config(
+        {
+            "db": {"url": url},
+            "tls": {"cert": str(tmp_path / "cert.pem")},
+            "listen": {"port": free_tcp_port()},
+        },
+        env={},
+    )
+    with TestClient(create_app(config, engine=engine), base_url="https://testserver") as tls:
+        owner = tls.app.state.det  # type: ignore[attr-defined]
+        from hpc_master import owner_key
+
+        body = {
+            "username": "determined",
+            "password": "",
+            "ownerKey": owner_key.read(owner.config.listen.port),
+        }
+        r = tls.post("/api/v1/auth/login?cookie=true", json=body)
+        assert r.status_code == 200, r.text
+        (session,) = [c for c in r.headers.get_list("set-cookie") if "HttpOnly" in c]
+        assert session.startswith("__Host-det_session=") and "Secure" in session and "Path=/" in session
+        assert "Domain" not in session
+        assert tls.get("/api/v1/webui/session").status_code == 200  # the browser sends it back: it is read
+        assert owner.task_origin.startswith("https://")  # tasks' pages over TLS too
+
+
+def free_tcp_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
