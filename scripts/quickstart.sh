@@ -12,7 +12,8 @@
 # The master's state (DET_QUICKSTART_DIR) survives `det deploy local down`: after `up`, a new run restarts the
 # master if it is not running, and finds its users, experiments and checkpoints again.
 #   scripts/quickstart.sh     # as root (another user: through sudo)
-# Environment: DET_QUICKSTART_USER (researcher), DET_QUICKSTART_PORT (8080), DET_QUICKSTART_DIR.
+# Environment: DET_QUICKSTART_USER (researcher), DET_QUICKSTART_PORT (8080), DET_QUICKSTART_DIR,
+#   DET_QUICKSTART_CONFIG (adaptive.yaml; another of examples/digits_pytorch, e.g. const.yaml: one trial).
 set -euo pipefail
 source "$(dirname "$0")/_as_root.sh"
 cd "$(dirname "$0")/.."
@@ -21,6 +22,7 @@ VENV=$REPO/.venv
 USER_NAME=${DET_QUICKSTART_USER:-researcher}
 PORT=${DET_QUICKSTART_PORT:-8080}
 STATE=${DET_QUICKSTART_DIR:-/var/lib/hpc-det/quickstart}
+CONFIG=${DET_QUICKSTART_CONFIG:-adaptive.yaml}
 MIN_ACCURACY=0.9
 T0=$(date +%s)
 
@@ -29,6 +31,7 @@ die() {
   echo "quickstart: $*" >&2
   exit 1
 }
+[ -f "examples/digits_pytorch/$CONFIG" ] || die "DET_QUICKSTART_CONFIG: no examples/digits_pytorch/$CONFIG"
 
 step "Installing (scripts/bootstrap.sh)"
 scripts/bootstrap.sh
@@ -117,9 +120,11 @@ as_researcher() {
 }
 as_researcher det user login "$USER_NAME" >/dev/null || die "'$USER_NAME' cannot log in to the master"
 
-step "As '$USER_NAME': det e create examples/digits_pytorch/adaptive.yaml examples/digits_pytorch -f"
-echo "(adaptive ASHA: 12 trials over learning rate, filters and dropout, 4 at a time; the first trial's logs follow)"
-as_researcher det e create digits_pytorch/adaptive.yaml digits_pytorch -f | tee "$WORK/create.log" ||
+step "As '$USER_NAME': det e create examples/digits_pytorch/$CONFIG examples/digits_pytorch -f"
+if [ "$CONFIG" = adaptive.yaml ]; then
+  echo "(adaptive ASHA: 12 trials over learning rate, filters and dropout, 4 at a time; the first trial's logs follow)"
+fi
+as_researcher det e create "digits_pytorch/$CONFIG" digits_pytorch -f | tee "$WORK/create.log" ||
   die "the first trial did not complete (exit $?); see the logs above"
 EXP=$(sed -n 's/^Created experiment \([0-9]*\)$/\1/p' "$WORK/create.log")
 [ -n "$EXP" ] || die "no experiment id in the output of det e create"
@@ -141,7 +146,7 @@ python -c 'import sys; sys.exit(float(sys.argv[1]) < float(sys.argv[2]))' "$ACC"
 ELAPSED=$(($(date +%s) - T0))
 cat <<EOF
 
-Done in ${ELAPSED}s. Experiment $EXP (digits CNN, adaptive ASHA) COMPLETED on the 2-node Slurm cluster.
+Done in ${ELAPSED}s. Experiment $EXP (digits CNN, $CONFIG) COMPLETED on the 2-node Slurm cluster.
 Best trial $TRIAL: validation_accuracy $ACC after $STEPS batches.
 Its checkpoint: $UUID
   in $STATE/checkpoints/$UUID

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite on real parts, from a fresh Debian 12 machine (run as root): installs what is missing,
-# runs the fast lane (scripts/test-fast.sh, as an unprivileged account; if it fails, nothing else starts), then
-# brings up the local Slurm cluster (unless one is already up) and a private PostgreSQL and runs every other
-# test as required (no silent skips): the cluster lane (tests on the cluster that can share it, several at a
-# time), then the exclusive lane (tests that need the cluster to themselves, one at a time) beside the services
-# lane (PostgreSQL, the browser, Determined's client, root; no cluster). It takes down what it started.
+# runs the linters (scripts/test-fast.sh --lint, as an unprivileged account; if they fail, nothing else starts),
+# then brings up the local Slurm cluster (unless one is already up) and a private PostgreSQL and runs every test
+# as required (no silent skips): the cluster lane (tests on the cluster that can share it, several at a time),
+# then the exclusive lane (tests that need the cluster to themselves, one at a time; they mostly wait) beside the
+# services lane (PostgreSQL, the browser, Determined's client, root; no cluster) and after it the fast lane's
+# tests (no service, no root; as the unprivileged account). It takes down what it started.
 # docs/testing.md has the lanes and markers.
 #   scripts/test.sh                      # as root (another user: through sudo); what CI runs
 #   scripts/test.sh [PYTEST ARGS...]     # only these tests, in one pytest, with the cluster and PostgreSQL up
@@ -32,7 +33,15 @@ if ! runuser -u nobody -- test -r "$HERE/pyproject.toml" 2>/dev/null || [ -n "$n
 fi
 
 started=$(date +%s)
-phase() { echo "test: $1 ($(($(date +%s) - started)) s in)"; }
+# Each phase line says how busy the CPUs were since the last one (from /proc/stat): where CI's time goes.
+cpu_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8, $2+$3+$4+$5+$6+$7+$8}' /proc/stat; }
+read -r busy0 total0 < <(cpu_ticks)
+phase() {
+  local busy total
+  read -r busy total < <(cpu_ticks)
+  echo "test: $1 ($(($(date +%s) - started)) s in; CPUs $((100 * (busy - busy0) / (total - total0 + 1)))% busy since the last phase)"
+  busy0=$busy total0=$total
+}
 scripts/bootstrap.sh
 export PATH="$HERE/.venv/bin:$PATH"
 export DET_TEST_REQUIRE_ALL=1
@@ -69,20 +78,27 @@ cleanup() {
       kill -9 "$pid" 2>/dev/null && echo "test: killed leftover process $pid ($comm)"
     fi
   done
+  phase "the end"
   echo "test: finished in $(($(date +%s) - started)) s with exit status $rc"
   exit $rc
 }
 trap cleanup EXIT
 
-# The fast lane first, as an account that is not root: it needs no service, and if it fails nothing else runs.
+# The fast lane runs as an account that is not root, in two parts: its linters first (if they fail, nothing else
+# runs), its tests at the end, beside the exclusive lane (they need the CPUs that lane's waiting leaves idle).
+fast_lane() {
+  local home rc=0
+  home=$(mktemp -d /tmp/hpc-det-fast.XXXXXX) && chown nobody "$home"
+  runuser -u nobody -- env HOME="$home" TMPDIR="$home" PATH="$PATH" scripts/test-fast.sh "$@" || rc=$?
+  rm -rf "$home"
+  return $rc
+}
 if [ $# -eq 0 ]; then
-  phase "the fast lane (scripts/test-fast.sh, as nobody)"
-  fast_home=$(mktemp -d /tmp/hpc-det-fast.XXXXXX) && chown nobody "$fast_home"
-  if ! runuser -u nobody -- env HOME="$fast_home" TMPDIR="$fast_home" PATH="$PATH" scripts/test-fast.sh; then
-    echo "test: the fast lane failed (above); the cluster was not started and nothing else ran" >&2
+  phase "the fast lane's linters (scripts/test-fast.sh --lint, as nobody)"
+  if ! fast_lane --lint; then
+    echo "test: the linters failed (above); the cluster was not started and nothing else ran" >&2
     exit 1
   fi
-  rm -rf "$fast_home"
 fi
 
 # Horovod for its e2e test (built once with the C++17 fix, about 2 minutes on 2 cores; cached by version). It
@@ -140,13 +156,16 @@ if [ "${STARTED_CLUSTER:-0}" = 1 ] && [ "${DET_TEST_NODES:-4}" != 2 ]; then
   det deploy local down >/dev/null
   cluster_up 2 --no-install
 fi
-phase "the exclusive lane (one at a time) beside the services lane (no cluster, 2 at a time)"
+phase "the exclusive lane (one at a time) beside the services lane (no cluster, 2 at a time), then the fast lane"
 "${PYTEST[@]}" --durations=10 -m "exclusive" >"$LOGS/exclusive.log" 2>&1 &
 exclusive=$!
 "${PYTEST[@]}" -n 2 --dist load --durations=10 -m "not slurm and not exclusive and not ($FAST_LANE)" \
   >"$LOGS/services.log" 2>&1 || rc=$?
+phase "the fast lane's tests (scripts/test-fast.sh --no-lint, as nobody) beside the exclusive lane"
+fast_lane --no-lint --durations=10 >"$LOGS/fast.log" 2>&1 || rc=$?
+phase "the services and fast lanes ended; waiting for the exclusive lane"
 wait $exclusive || rc=$?
-for lane in exclusive services; do
+for lane in exclusive services fast; do
   echo "test: ---- the $lane lane ----"
   cat "$LOGS/$lane.log"
 done
