@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from hpc_master import paths
 from hpc_master.errors import ConfigError
@@ -74,6 +74,17 @@ class TlsConfig(StrictModel):
     CAs, so it must chain to a CA every compute node trusts."""
     key: Path | None = None
     """PEM private key of ``cert`` (readable by the master's account only); unset: ``cert`` holds it too."""
+    generate: bool = True
+    """Without ``cert``, a master that listens beyond loopback serves its web UI and tasks' pages over HTTPS
+    on a port of their own (``browser_port``) with a certificate it generates (``tls/`` in its state
+    directory; kept across restarts), and hands browsers a session only there: over plain HTTP the session
+    would cross the network readable, and reach every port of the host. The plain port keeps serving ``det``
+    and jobs, and sends browsers to the HTTPS one. Not so behind a TLS-terminating proxy (an ``https://``
+    ``external_url``). ``false``: no such listener, and browsers get a session only through such a proxy."""
+    browser_port: int | None = Field(default=None, ge=0, le=65535)
+    """The web UI's HTTPS port when the master generates its certificate (``generate``). Default: 8443 for a
+    master on 8080 (Determined's TLS port), else any free port; a port set here (or the default 8443) that is
+    taken stops the master, so that nobody else's server answers at the address users keep."""
 
 
 class ContainerConfig(StrictModel):
@@ -382,6 +393,22 @@ class MasterConfig(StrictModel):
         scheme = "https" if self.tls.cert else "http"
         return f"{scheme}://{self.listen.host}:{self.listen.port}"
 
+    def browsers_apart(self) -> bool:
+        """Whether browsers are served over HTTPS on a port of their own, with a generated certificate
+        (``tls.generate``): a master beyond loopback without a certificate of the admin's."""
+        behind_tls = (self.external_url or "").startswith("https://")  # TLS ends at a proxy in front
+        return (
+            self.tls.cert is None and self.tls.generate and self.listens_beyond_loopback() and not behind_tls
+        )
+
+    def browser_listen_port(self) -> int | None:
+        """The web UI's HTTPS port to bind (0: any free one); None without such a listener."""
+        if not self.browsers_apart():
+            return None
+        if self.tls.browser_port is not None:
+            return self.tls.browser_port
+        return 8443 if self.listen.port == 8080 else 0
+
     def task_origin(self, bound_port: int | None = None) -> str:
         """The origin tasks' pages are served on (``task_proxy``); `bound_port`: the port the master found free
         for it when the default one was taken."""
@@ -392,7 +419,8 @@ class MasterConfig(StrictModel):
         master = urlsplit(self.master_url())
         host = f"[{master.hostname}]" if master.hostname and ":" in master.hostname else master.hostname
         port = bound_port or (master.port or (443 if master.scheme == "https" else 80)) + 1
-        return f"{master.scheme}://{host}:{port}"
+        scheme = "https" if self.browsers_apart() else master.scheme  # served beside the web UI's HTTPS
+        return f"{scheme}://{host}:{port}"
 
     def task_listen_port(self) -> int | None:
         """The port to listen on for the task origin; None when it is the master's own (a host name of its own
@@ -401,11 +429,29 @@ class MasterConfig(StrictModel):
             return self.task_proxy.port
         if not self.task_proxy.origin:
             return self.listen.port + 1 if self.listen.port else 0
-        from urllib.parse import urlsplit
+        port = _origin_port(self.task_proxy.origin)
+        return None if port in (self.listen.port, self.tls.browser_port) else port
 
-        origin = urlsplit(self.task_proxy.origin)
-        port = origin.port or (443 if origin.scheme == "https" else 80)
-        return None if port == self.listen.port else port
+    @model_validator(mode="after")
+    def _browsers_apart_fit(self) -> MasterConfig:
+        """With browsers served apart (``browsers_apart``), tasks' pages are served beside the web UI, over
+        HTTPS, never on the plain port."""
+        if not self.browsers_apart():
+            return self
+        if self.tls.browser_port and self.tls.browser_port == self.listen.port:
+            raise ValueError("tls.browser_port: the web UI's HTTPS port cannot be listen.port, the plain one")
+        origin = self.task_proxy.origin
+        if origin and not origin.startswith("https://"):
+            raise ValueError(
+                f"task_proxy.origin: {origin!r} would serve tasks' pages over plain HTTP, where this master serves "
+                "browsers over HTTPS (tls.generate): use https://"
+            )
+        if origin and self.task_proxy.port is None and (_origin_port(origin) == self.listen.port):
+            raise ValueError(
+                f"task_proxy.origin: {origin!r} is on the master's plain port; give it a port of its own, or "
+                "tls.browser_port (a host name of its own on the web UI's port)"
+            )
+        return self
 
     def listens_beyond_loopback(self) -> bool:
         return not is_loopback(self.listen.host)
@@ -442,6 +488,13 @@ def pool_container(master: MasterConfig, pool_name: str | None = None) -> PoolCo
         command=str(pick("command")) if pick("command") else None,
         cache_dir=str(cache) if cache else None,
     )
+
+
+def _origin_port(origin: str) -> int:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(origin)
+    return parts.port or (443 if parts.scheme == "https" else 80)
 
 
 def is_loopback(host: str) -> bool:

@@ -46,6 +46,9 @@ listen:
 tls:
   cert: /etc/hpc-det/tls/cert.pem
   key: /etc/hpc-det/tls/key.pem
+  # Used only without cert: browsers then get HTTPS on a port of their own with a generated certificate.
+  generate: true
+  browser_port: 9443
 external_url: https://det.example.org:8443
 job_storage_root: /shared/hpc-det/jobs
 service_account: hpc-det

@@ -234,9 +234,11 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
     if link and sys.stderr.isatty():
         print(f"Web UI: {link}  (logs you in as determined until the master restarts)", file=sys.stderr)
     uv_config = uvicorn_config(app, config, log_level)
-    server = NotifyingServer(uv_config)
+    task_sockets = _task_origin_socket(config, state)
+    browsers = _browser_listener(app, config, state, log_level, task_sockets)
+    server = NotifyingServer(uv_config, companions=browsers)
     signals.server = server
-    sockets = [uv_config.bind_socket(), *_task_origin_socket(config, state)]
+    sockets = [uv_config.bind_socket(), *([] if browsers else task_sockets)]
     state.writer.start(worker=True)  # on SQLite, its ingest worker is ready for the first batch
     raise_open_files_limit()
     loop = make_lifecycle_loop(state)
@@ -246,6 +248,8 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
     try:
         if not signals.received:
             server.run(sockets=sockets)  # returns once stopped and drained, the app's shutdown run
+        if server.companion_failed:
+            raise SystemExit("the master stopped: its HTTPS listener for browsers did not start (above)")
     finally:
         state.close()  # the app's shutdown if uvicorn did not run it (a signal first, or a second one); idempotent
         loop.stop(timeout_s=LOOP_STOP_S)
@@ -259,6 +263,56 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
         log.info("stopped")
 
 
+def _browser_listener(
+    app: Any, config: MasterConfig, state: Any, log_level: str, task_sockets: list[socket.socket]
+) -> list[tuple[Any, list[socket.socket]]]:
+    """The web UI's HTTPS listener of a master that serves browsers apart (``api/browser_origin.py``), with
+    the task origin's socket beside it, and the certificate the master generates (``browser_tls``)."""
+    port = config.browser_listen_port()
+    if port is None:
+        return []
+    from urllib.parse import urlsplit
+
+    from hpc_master import browser_tls, paths
+    from hpc_master.systemd import CompanionServer
+
+    hosts = [
+        config.listen.host,
+        urlsplit(config.master_url()).hostname or "",
+        urlsplit(state.task_origin).hostname or "",
+    ]
+    try:
+        cert = browser_tls.ensure(paths.get_state_dir() / "tls", hosts)
+    except browser_tls.CertificateError as e:
+        raise SystemExit(str(e)) from None
+    sock = _bind(config.listen.host, port, "the web UI over HTTPS (tls.browser_port)", fallback=False)
+    state.browser_port = sock.getsockname()[1]
+    where = config.master_url().rsplit(":", 1)[0].replace("http://", "https://", 1)
+    log.info(
+        "the web UI at %s:%d over HTTPS (certificate %s, generated: SHA-256 %s); browsers on the plain port are "
+        "sent there", where, state.browser_port, cert.cert, cert.fingerprint,
+    )  # fmt: skip
+    uv = uvicorn_config(app, config, log_level)
+    uv.lifespan, uv.ssl_certfile, uv.ssl_keyfile = "off", str(cert.cert), str(cert.key)
+    return [(CompanionServer(uv), [sock, *task_sockets])]
+
+
+def _bind(host: str, port: int, what: str, *, fallback: bool) -> socket.socket:
+    """A listening socket on ``host:port`` (a free port instead when ``fallback`` and that one is taken)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        if not fallback:
+            sock.close()
+            raise SystemExit(f"cannot listen on {host}:{port} for {what}: {e}") from None
+        sock.bind((host, 0))
+    sock.set_inheritable(True)
+    return sock
+
+
 def _task_origin_socket(config: MasterConfig, state: Any) -> list[socket.socket]:
     """The listener of the task origin (``task_proxy``) when it is a port of its own; the default port
     (``listen.port + 1``) gives way to a free one when taken, and the task origin says which."""
@@ -266,21 +320,11 @@ def _task_origin_socket(config: MasterConfig, state: Any) -> list[socket.socket]
     if port is None:
         log.info("tasks' pages at %s (by host name, on the master's port)", state.task_origin)
         return []
-    host = config.listen.host
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        if config.task_proxy.origin or config.task_proxy.port is not None:
-            sock.close()
-            raise SystemExit(f"cannot listen on {host}:{port} for tasks' pages (task_proxy): {e}") from None
-        sock.bind((host, 0))
+    fixed = bool(config.task_proxy.origin or config.task_proxy.port is not None)
+    sock = _bind(config.listen.host, port, "tasks' pages (task_proxy)", fallback=not fixed)
     state.task_port = sock.getsockname()[1]
     if not config.task_proxy.origin:
         state.task_origin = config.task_origin(bound_port=state.task_port)
-    sock.set_inheritable(True)
     log.info("tasks' pages at %s", state.task_origin)
     return [sock]
 

@@ -13,13 +13,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -77,19 +78,63 @@ class ReadyListener:
         self.sock.close()
 
 
+class CompanionServer(uvicorn.Server):
+    """A second uvicorn server of the same app in the same loop (another TLS setting: the web UI's HTTPS
+    port beside the plain one), started and stopped by its `NotifyingServer`: it neither takes the signals
+    nor runs the app's lifespan (its config says ``lifespan="off"``)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 class NotifyingServer(uvicorn.Server):
-    """uvicorn's server, which tells systemd when it listens and when it begins to stop."""
+    """uvicorn's server, which tells systemd when it listens and when it begins to stop. Its companions
+    (`CompanionServer`, with their sockets) start once it serves, before it says it is ready, and stop first
+    when it stops, before the app's shutdown."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        companions: list[tuple[CompanionServer, list[socket.socket]]] | None = None,
+    ) -> None:
+        super().__init__(config)
+        self.companions = companions or []
+        self._companion_tasks: list[asyncio.Task[None]] = []
+        self.companion_failed = False
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        if self.started and not await self._start_companions():
+            log.error("a second listener of the master did not start (above); stopping")
+            self.companion_failed = self.should_exit = True
+            return
         if self.started:
             where = ", ".join(
-                "{}:{}".format(*s.getsockname()[:2]) for server in self.servers for s in server.sockets
+                "{}:{}".format(*s.getsockname()[:2])
+                for server in [self, *(c for c, _ in self.companions)]
+                for listener in server.servers
+                for s in listener.sockets
             )
             sd_notify("READY=1", f"STATUS=serving on {where}")
 
+    async def _start_companions(self) -> bool:
+        for companion, sockets in self.companions:
+            task = asyncio.create_task(companion.serve(sockets))
+            self._companion_tasks.append(task)
+            while not companion.started and not task.done():
+                await asyncio.sleep(0.01)
+            if not companion.started:
+                if task.exception() is not None:
+                    log.error("the listener on %s failed: %s", sockets, task.exception())
+                return False
+        return True
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         sd_notify("STOPPING=1", "STATUS=stopping: draining requests")
+        for companion, _ in self.companions:
+            companion.should_exit = True
+        await asyncio.gather(*self._companion_tasks, return_exceptions=True)
         await super().shutdown(sockets)
 
 

@@ -11,6 +11,7 @@ VENV=${1:-.venv}
 APT_PACKAGES=(
   slurm-wlm slurmdbd mariadb-server munge libpmix2 openmpi-bin libopenmpi-dev iproute2 util-linux passwd sudo
   python3 python3-venv python3-dev build-essential
+  openssl  # the web UI's generated certificate (hpc_master/browser_tls.py)
   postgresql
   chromium fonts-liberation
 )

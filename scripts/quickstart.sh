@@ -12,7 +12,8 @@
 # The master's state (DET_QUICKSTART_DIR) survives `det deploy local down`: after `up`, a new run restarts the
 # master if it is not running, and finds its users, experiments and checkpoints again.
 #   scripts/quickstart.sh     # as root (another user: through sudo)
-# Environment: DET_QUICKSTART_USER (researcher), DET_QUICKSTART_PORT (8080), DET_QUICKSTART_DIR,
+# Environment: DET_QUICKSTART_USER (researcher), DET_QUICKSTART_PORT (8080; the web UI's HTTPS port:
+#   DET_QUICKSTART_UI_PORT, 8443), DET_QUICKSTART_DIR,
 #   DET_QUICKSTART_CONFIG (adaptive.yaml; another of examples/digits_pytorch, e.g. const.yaml: one trial).
 set -euo pipefail
 source "$(dirname "$0")/_as_root.sh"
@@ -21,6 +22,7 @@ REPO=$PWD
 VENV=$REPO/.venv
 USER_NAME=${DET_QUICKSTART_USER:-researcher}
 PORT=${DET_QUICKSTART_PORT:-8080}
+UI_PORT=${DET_QUICKSTART_UI_PORT:-8443}
 STATE=${DET_QUICKSTART_DIR:-/var/lib/hpc-det/quickstart}
 CONFIG=${DET_QUICKSTART_CONFIG:-adaptive.yaml}
 MIN_ACCURACY=0.9
@@ -71,6 +73,8 @@ cat >"$STATE/master.yaml" <<EOF
 # Written by scripts/quickstart.sh. The master listens on the local cluster's bridge so jobs on the nodes reach it.
 listen: {host: $HOST, port: $PORT}
 external_url: $URL
+# Browsers get the web UI over HTTPS on a port of its own, with a certificate the master generates (in tls/).
+tls: {browser_port: $UI_PORT}
 db: {url: "sqlite:///$STATE/data/master.db"}
 job_storage_root: $STATE/jobs
 checkpoint_storage: {host_path: $STATE/checkpoints}
@@ -144,6 +148,8 @@ python -c 'import sys; sys.exit(float(sys.argv[1]) < float(sys.argv[2]))' "$ACC"
   die "the best validation accuracy is $ACC, below $MIN_ACCURACY: the example is broken"
 
 ELAPSED=$(($(date +%s) - T0))
+UI_URL=https://$HOST:$UI_PORT
+FINGERPRINT=$(openssl x509 -in "$STATE/tls/browser.crt" -noout -fingerprint -sha256 | cut -d= -f2)
 cat <<EOF
 
 Done in ${ELAPSED}s. Experiment $EXP (digits CNN, $CONFIG) COMPLETED on the 2-node Slurm cluster.
@@ -151,8 +157,10 @@ Best trial $TRIAL: validation_accuracy $ACC after $STEPS batches.
 Its checkpoint: $UUID
   in $STATE/checkpoints/$UUID
 
-The web UI: $URL/
+The web UI: $UI_URL/
   log in as $USER_NAME, with the password in $STATE/$USER_NAME.password (admin: $STATE/admin.password)
+  Its certificate is the master's own ($STATE/tls/browser.crt), so the browser warns once; its
+  SHA-256 fingerprint, to compare with the browser's: $FINGERPRINT
 
 Try next, as the researcher (already logged in; the master and the cluster stay up):
   su - $USER_NAME

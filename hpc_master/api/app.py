@@ -35,6 +35,7 @@ from hpc_master.api import (
     routes_users,
     routes_workspaces,
 )
+from hpc_master.api.browser_origin import BrowsersToHttps
 from hpc_master.api.deps import AppState, get_principal
 from hpc_master.api.fast_ingest import MetricsFastPath
 from hpc_master.api.task_origin import TaskOriginGate
@@ -307,6 +308,7 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
     app.openapi = lambda: responses_ui.errors_as_json(openapi())  # type: ignore[method-assign]
     app.add_middleware(MetricsFastPath)
     app.add_middleware(TaskOriginGate, state=app.state.det)  # on the task origin, tasks' pages only
+    app.add_middleware(BrowsersToHttps, state=app.state.det)  # pages on the plain port go to HTTPS
     app.add_middleware(UntypedBodyAsJson)  # Determined's client sends JSON without a Content-Type
     app.add_middleware(BodyLimit)  # outermost: refuses oversize bodies before anything reads them
     return app

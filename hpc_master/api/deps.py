@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from hpc_master.api import session_cookie
+from hpc_master.api import browser_origin, session_cookie
 from hpc_master.api.streams import StreamSlots
 from hpc_master.auth import hash_token
 from hpc_master.db.checkpointer import WalCheckpointer, sqlite_file
@@ -45,6 +45,8 @@ class AppState:
     """Where tasks' pages are served (``task_proxy``; ``api/task_origin.py``): never the master's own origin."""
     task_port: int | None = None
     """The port of the task origin's own listener, when it has one (set by ``det-master`` once bound)."""
+    browser_port: int | None = None
+    """The web UI's HTTPS port of a master that serves browsers apart (``api/browser_origin.py``); None else."""
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
     writer: MetricsWriter = field(init=False)
     checkpointer: WalCheckpointer | None = field(init=False)
@@ -116,6 +118,7 @@ def request_token(request: Request) -> str:
     token = session_cookie.cookie_token(request)
     if token is None:
         raise UnauthenticatedError("missing bearer token (Authorization: Bearer <token>)")
+    browser_origin.refuse_plain_session(request)
     session_cookie.check_cookie_request(request, token)
     return token
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Body, Request, Response
 from sqlalchemy import select
 
 from hpc_master import owner_key
-from hpc_master.api import convert, responses, session_cookie
+from hpc_master.api import browser_origin, convert, responses, session_cookie
 from hpc_master.api.bounds import Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal, request_token
 from hpc_master.api.schemas import LoginRequest, PatchUserRequest, PostUserRequest
@@ -31,10 +31,13 @@ def login(
     ``Retry-After``.
 
     ``cookie=true`` (the web UI): the token goes into an HttpOnly session cookie instead of the answer,
-    which carries the CSRF token to send with state-changing requests (``api.session_cookie``).
+    which carries the CSRF token to send with state-changing requests (``api.session_cookie``); refused
+    with ``https_required`` over plain HTTP where the master serves browsers over HTTPS (``api.browser_origin``).
 
     ``isHashed`` (Determined's own client): a refusal is 403, as from Determined's master, because that
     client shows the message of a 403 and replaces a 401's with its own advice."""
+    if cookie:  # never a session over plain HTTP where the master serves browsers over HTTPS
+        browser_origin.refuse_plain_session(request)
     ttl = dt.timedelta(hours=state.config.security.token_ttl_hours)
     # The address that connected; a proxy's X-Forwarded-For only from `listen.forwarded_allow_ips` (server.py).
     address = request.client.host if request.client else "unknown"
@@ -64,7 +67,7 @@ def login(
             response,
             str(answer.pop("token")),
             max_age_s=int(ttl.total_seconds()),
-            secure=bool(state.config.tls.cert),
+            secure=request.url.scheme == "https",
         )
     return answer
 
@@ -74,7 +77,7 @@ def logout(request: Request, response: Response, principal: UserPrincipal, state
     with state.tx() as session:
         users.logout(session, request_token(request), state.tokens)
     if session_cookie.cookie_token(request) is not None:
-        session_cookie.clear_session_cookies(response, secure=bool(state.config.tls.cert))
+        session_cookie.clear_session_cookies(response, secure=request.url.scheme == "https")
     return {}
 
 

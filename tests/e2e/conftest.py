@@ -58,6 +58,9 @@ class Master:
         self.host = _bridge_ip()
         self.port = _free_port(self.host)
         self.url = f"http://{self.host}:{self.port}"
+        # Browsers get the web UI over HTTPS on a port of its own (a master beyond loopback: issue 35).
+        self.browser_port = _free_port(self.host)
+        self.browser_url = f"https://{self.host}:{self.browser_port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.cluster_id = ""
         self.researcher = researcher
@@ -71,6 +74,7 @@ class Master:
             f"""
 listen: {{host: {self.host}, port: {self.port}}}
 external_url: {self.url}
+tls: {{browser_port: {self.browser_port}}}
 db: {{url: "{self.db_url}"}}
 job_storage_root: {root}/jobs
 checkpoint_storage: {{host_path: {root}/checkpoints}}

@@ -114,7 +114,7 @@ def test_a_notebook_on_a_compute_node_through_the_proxy(
     assert httpx.get(direct).status_code == 403  # the node's port itself wants the token (no cookie jar here)
 
     # JupyterLab in Chromium, with the web UI's session (and nothing else).
-    ui = Page(browser, master.url)
+    ui = Page(browser, master.browser_url)
     try:
         ui.login("alice", "alice-pw")
         ui.page.goto(f"/proxy/{task_id}/lab")

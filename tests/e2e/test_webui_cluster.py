@@ -47,8 +47,8 @@ def test_pause_activate_and_live_logs_from_the_ui(
     user = {"username": "bob", "admin": False, "active": True, "unixUsername": master.researcher.name}
     master.api("POST", "/users", admin, json={"user": user, "password": "bob-pw"})
     exp = master.create_experiment(alice, LONG)
-    ui = Page(browser, master.url)
-    bob = Page(browser, master.url)
+    ui = Page(browser, master.browser_url)
+    bob = Page(browser, master.browser_url)
     try:
         p = ui.page
         ui.login("alice", "alice-pw")
@@ -97,7 +97,7 @@ def test_cluster_page_lists_the_nodes_and_their_gpus(
     master: Master, alice: dict[str, str], browser: Any
 ) -> None:
     """The cluster page against the real controller: node1 and node2, 2 GPUs (a100) each, in batch."""
-    ui = Page(browser, master.url)
+    ui = Page(browser, master.browser_url)
     try:
         p = ui.page
         ui.login("alice", "alice-pw")

@@ -97,3 +97,32 @@ def test_the_task_origin_is_never_the_masters_own() -> None:
         with pytest.raises(ConfigError) as info:
             parse_master_config({"task_proxy": {"origin": bad}}, env={})
         assert info.value.field == "task_proxy.origin" and "expected an origin" in info.value.message
+
+
+def test_a_master_beyond_loopback_serves_browsers_apart_unless_tls_is_the_admins() -> None:
+    """Issue 35: without a certificate of the admin's, a master beyond loopback serves browsers over HTTPS on
+    a port of their own (8443 beside Determined's 8080), and tasks' pages beside them over HTTPS."""
+    shared = parse_master_config({"listen": {"host": "0.0.0.0", "port": 8080}}, env={})
+    assert shared.browsers_apart() and shared.browser_listen_port() == 8443
+    assert shared.task_origin().startswith("https://")
+    other = parse_master_config({"listen": {"host": "10.0.0.5", "port": 9000}}, env={})
+    assert other.browser_listen_port() == 0  # any free port, said in the log and by the redirects
+    fixed = {"listen": {"host": "10.0.0.5", "port": 9000}, "tls": {"browser_port": 9443}}
+    assert parse_master_config(fixed, env={}).browser_listen_port() == 9443
+    for not_apart in (
+        {"listen": {"host": "127.0.0.1", "port": 8080}},  # a personal master on loopback
+        {"listen": {"host": "0.0.0.0"}, "tls": {"cert": "/etc/det/cert.pem"}},  # the admin's certificate
+        {"listen": {"host": "0.0.0.0"}, "external_url": "https://det.example.org"},  # TLS ends at a proxy
+        {"listen": {"host": "0.0.0.0"}, "tls": {"generate": False}},
+    ):
+        config = parse_master_config(not_apart, env={})
+        assert not config.browsers_apart() and config.browser_listen_port() is None, not_apart
+    bad = [
+        ({"tls": {"browser_port": 8080}}, "tls.browser_port"),
+        ({"task_proxy": {"origin": "http://tasks.example.org:9001"}}, "task_proxy.origin"),
+        ({"task_proxy": {"origin": "https://tasks.example.org:8080"}}, "task_proxy.origin"),
+    ]
+    for extra, field in bad:
+        with pytest.raises(ConfigError) as info:
+            parse_master_config({"listen": {"host": "0.0.0.0", "port": 8080}, **extra}, env={})
+        assert field in info.value.message, info.value

@@ -64,7 +64,8 @@ def researcher(cluster: None) -> Researcher:
     return Researcher(name, pw.pw_uid, pw.pw_gid)
 
 
-OTHER_RESEARCHER = "dettestother"
+OTHER_RESEARCHER = "dettestother" + os.environ.get("PYTEST_XDIST_WORKER", "").removeprefix("gw")
+"""One per pytest-xdist worker: a worker's session ends (and removes its account) while others still run."""
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import os
 import pwd
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import uuid
@@ -32,6 +33,11 @@ from tests.slurm.fixtures import REPO, Researcher, up_args
 pytestmark = [pytest.mark.slurm, pytest.mark.exclusive]
 DET = [sys.executable, "-m", "hpc_master.cli.main"]
 SMALL = ["--no-install", "--nodes", "1", "--gpus-per-node", "1", "--cpus-per-node", "2"]
+
+
+def ssl_context(cert: Path) -> ssl.SSLContext:
+    """Trusting only the master's own generated certificate."""
+    return ssl.create_default_context(cafile=str(cert))
 
 
 def run(cmd: list[str], env: dict[str, str], timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
@@ -198,18 +204,27 @@ def test_quickstart_finds_its_master_and_experiments_after_down_and_up(scratch: 
     name = scratch.user()
     state = scratch.top / "quickstart"
     scratch.env.update(
-        DET_QUICKSTART_DIR=str(state), DET_QUICKSTART_USER=name, DET_QUICKSTART_PORT=str(_free_port())
-    )
+        DET_QUICKSTART_DIR=str(state), DET_QUICKSTART_USER=name, DET_QUICKSTART_PORT=str(_free_port()),
+        DET_QUICKSTART_UI_PORT=str(_free_port()),
+    )  # fmt: skip
     master_env = {**scratch.env, "DET_MASTER_STATE_DIR": str(state)}
     quickstart = [str(REPO / "scripts" / "quickstart.sh")]
     try:
         first = run(quickstart, scratch.env, timeout_s=400)
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-        # It ends by saying where the web UI is and how to log in, and that page answers.
-        url = f"http://{LocalClusterSpec().controller_ip}:{scratch.env['DET_QUICKSTART_PORT']}"
-        assert f"The web UI: {url}/" in first.stdout, first.stdout[-2000:]
+        # It ends by saying where the web UI is (over HTTPS, with the master's own certificate, whose
+        # fingerprint it prints) and how to log in; that page answers, and the plain port sends browsers there.
+        ip = LocalClusterSpec().controller_ip
+        url = f"http://{ip}:{scratch.env['DET_QUICKSTART_PORT']}"
+        ui = f"https://{ip}:{scratch.env['DET_QUICKSTART_UI_PORT']}"
+        assert f"The web UI: {ui}/" in first.stdout, first.stdout[-2000:]
         assert f"log in as {name}, with the password in {state / f'{name}.password'}" in first.stdout
-        assert "<title>" in httpx.get(f"{url}/login", timeout=10).text
+        cert = state / "tls" / "browser.crt"
+        assert "<title>" in httpx.get(f"{ui}/login", timeout=10, verify=ssl_context(cert)).text
+        fingerprint = run(["openssl", "x509", "-in", str(cert), "-noout", "-fingerprint", "-sha256"], {})
+        assert fingerprint.stdout.strip().split("=")[1] in first.stdout
+        sent = httpx.get(f"{url}/login", headers={"accept": "text/html"}, timeout=10)
+        assert sent.status_code == 307 and sent.headers["location"] == f"{ui}/login"
         exp1 = _experiment_id(first.stdout)
         best1 = _best_checkpoint(first.stdout)
 

@@ -179,7 +179,10 @@ class Page:
     """A browser page that records JavaScript errors; ``assert_clean()`` fails the test on any."""
 
     def __init__(self, browser: Any, base_url: str) -> None:
-        self.context = browser.new_context(viewport={"width": 1400, "height": 900}, base_url=base_url)
+        # A master beyond loopback serves browsers over HTTPS with the certificate it generated (issue 35).
+        self.context = browser.new_context(
+            viewport={"width": 1400, "height": 900}, base_url=base_url, ignore_https_errors=True
+        )
         self.page = self.context.new_page()
         self.errors: list[str] = []
         self.page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
