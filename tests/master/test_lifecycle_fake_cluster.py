@@ -576,7 +576,9 @@ def test_a_slow_controller_never_blocks_the_api(world: World) -> None:
         world.cluster.latency_s = 0.0
         world.loop.stop(timeout_s=10)
     assert world.cluster.count("sbatch") >= 1
-    assert max(busy) < max(0.5, 5 * max(idle)), (idle, busy)
+    # The median: one request may wait for the CPUs (a full CI machine: 1.2 s once); an API the loop blocked
+    # would wait for the 1 s commands the loop runs back to back, half of one on average.
+    assert sorted(busy)[2] < max(0.3, 5 * sorted(idle)[1]), (idle, busy)
 
 
 def test_a_master_restarting_while_slurm_does_not_answer_starts_at_once(world: World) -> None:
