@@ -280,7 +280,27 @@ def _error_response(request: Request, err: ProxyError, master: str = "") -> Resp
             "This page reloads until the server answers.</p>"
         )
         return HTMLResponse(page, status_code=503, headers={"retry-after": "2"})
+    if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
+        return _error_page(err, master)
     return JSONResponse({"code": err.code, "message": err.message}, status_code=err.status)
+
+
+_ERROR_TITLES = {403: "Not yours to open", 404: "No such task", 410: "This task has ended"}
+
+
+def _error_page(err: ProxyError, master: str) -> Response:
+    """A browser's page for a refusal (the same status and words as the JSON a script gets), with the way back
+    to the web UI's task list; nothing of the page it asked for."""
+    title = _ERROR_TITLES.get(err.status, "The task's page is unavailable")
+    page = (
+        f"<!doctype html><meta charset=utf-8><title>{title} · hpc-det</title>"
+        f"<body style='font:16px system-ui;margin:3em'><h1>{title}</h1><p>{_html(err.message)}.</p>"
+        f"<p><a href='{_html(master)}/tasks'>Your tasks</a></p>"
+    )
+    return HTMLResponse(
+        page, status_code=err.status,
+        headers={"content-security-policy": "default-src 'none'; style-src 'unsafe-inline'", "x-error-code": err.code},
+    )  # fmt: skip
 
 
 def _html(text: str) -> str:

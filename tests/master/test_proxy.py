@@ -221,6 +221,11 @@ def test_who_is_refused(
     assert tc.get(url, headers={"Authorization": f"Bearer {trial_token}"}).status_code == 403
     refused = tc.get(url, headers=bob)
     assert refused.status_code == 404 and "not found" in refused.json()["message"]
+    # A browser gets a page that says so (the same status and words), and the way back to its tasks.
+    page = tc.get(url, headers={**bob, "accept": "text/html"})
+    assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
+    assert "<h1>No such task</h1>" in page.text and refused.json()["message"] in page.text
+    assert page.headers["x-error-code"] == "not_found" and f"href='{master}/tasks'" in page.text
     assert tc.get(url, headers=admin).status_code == 200  # an admin, with a bearer token
     _cookie_login(client, "admin", "")
     cookie_admin = client.get(url, headers={"sec-fetch-site": "same-origin"}, follow_redirects=False)
