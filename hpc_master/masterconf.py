@@ -15,21 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from hpc_master import paths
 from hpc_master.errors import ConfigError
-from hpc_master.expconf._base import StrictModel as ConfigModel
 from hpc_master.expconf._errors import UNKNOWN_FIELD
+from hpc_master.masterconf_security import MungeLoginConfig, SecurityConfig, StrictModel
 
-
-class StrictModel(ConfigModel):
-    """The config models' one base (``expconf._base``: unknown keys refused with the closest valid key), made
-    immutable, and lax about types: environment overrides arrive as strings (``DET_LISTEN_PORT=8080``). A
-    ``null`` is kept (it is not "the default" here, as it is in an experiment config)."""
-
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True, populate_by_name=False)
-    keep_none = True
+__all__ = ["MungeLoginConfig", "SecurityConfig", "StrictModel"]  # theirs, re-exported
 
 
 class DbConfig(StrictModel):
@@ -253,27 +246,6 @@ class PreemptionConfig(StrictModel):
         if not hasattr(_signal, name):
             raise ValueError(f"unknown signal {value!r}")
         return name
-
-
-class SecurityConfig(StrictModel):
-    require_passwords: bool = False
-    """Passwords for every login even on loopback (always so when ``listen.host`` is not loopback)."""
-    token_ttl_hours: float = Field(default=24 * 7, gt=0)
-    """How long a login (CLI token, web UI session) lasts."""
-    admin_password: str | None = Field(default=None, repr=False)
-    """The ``admin`` user's password at the first start of a master that requires passwords (then it is
-    stored hashed, and changed with ``det user change-password``). Prefer the environment variable to a file."""
-    max_streams_per_user: int = Field(default=64, ge=1, le=1_000_000)
-    """How many streams one user may have open at once: log follows (``det trial logs -f``, ``det task logs
-    -f``, ``det master logs -f``), metric streams (the web UI's charts, Determined's SDK's ``iter_metrics``),
-    the web UI's change streams (one per open page) and long polls made with the user's own token. One more is
-    refused with HTTP 429 ``too_many_streams`` and a ``Retry-After`` until one of them ends
-    (``docs/security.md``)."""
-    max_long_polls_per_trial: int = Field(default=256, ge=1, le=1_000_000)
-    """How many long polls (``signals/preemption``, ``searcher/operation``) one trial's harness may have open
-    at once with its per-trial token, counted per trial and not against its owner's streams: one or two per
-    trial, but one per rank in Determined's ``WORKERS_ASK_MASTER`` preemption mode, so keep it above the
-    ranks of the largest such job."""
 
 
 class TaskProxyConfig(StrictModel):

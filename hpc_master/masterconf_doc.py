@@ -98,6 +98,13 @@ security:
   max_streams_per_user: 64
   max_long_polls_per_trial: 256
   # admin_password: only for the first start; prefer DET_ADMIN_PASSWORD in the unit's EnvironmentFile.
+  munge:  # `det user login` with no user name: the site's munge proves the Unix account
+    enabled: true
+    create_users: groups
+    user_groups: [ml-users]
+    admin_group: hpc-det-admins
+    names: [login1.example.org, login2.example.org]
+    unmunge: /usr/bin/unmunge
 task_proxy:
   # Notebooks' and TensorBoards' pages: a host name of their own (DNS and the certificate name it).
   origin: https://tasks.det.example.org:8443

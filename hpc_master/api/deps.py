@@ -27,6 +27,7 @@ from hpc_master.services.access import Action, Principal
 from hpc_master.services.checkpoints.remover import CheckpointRemover
 from hpc_master.services.common import get_or_404
 from hpc_master.services.logs import LogReader
+from hpc_master.services.munge_login import Nonces
 from hpc_master.services.throttle import LoginThrottle
 from hpc_master.services.users import TokenCache
 
@@ -48,6 +49,8 @@ class AppState:
     browser_port: int | None = None
     """The web UI's HTTPS port of a master that serves browsers apart (``api/browser_origin.py``); None else."""
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    munge_nonces: Nonces = field(default_factory=Nonces)
+    """The nonces of munge logins this master issued (``services.munge_login``)."""
     writer: MetricsWriter = field(init=False)
     checkpointer: WalCheckpointer | None = field(init=False)
     fast_ingests: int = 0

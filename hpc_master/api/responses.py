@@ -91,6 +91,12 @@ class Users(TypedDict):
 
 
 @with_config(STRICT)
+class MungeNonce(TypedDict):
+    nonce: str
+    masterUid: int
+
+
+@with_config(STRICT)
 class Login(TypedDict):
     user: User
     token: NotRequired[str]  # absent for a browser, which gets the session as a cookie

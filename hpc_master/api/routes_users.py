@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Request, Response
@@ -12,11 +13,12 @@ from hpc_master import owner_key
 from hpc_master.api import browser_origin, convert, responses, session_cookie
 from hpc_master.api.bounds import Id, Limit, Offset
 from hpc_master.api.deps import State, UserPrincipal, request_token
-from hpc_master.api.schemas import LoginRequest, PatchUserRequest, PostUserRequest
+from hpc_master.api.schemas import LoginRequest, MungeLoginRequest, PatchUserRequest, PostUserRequest
 from hpc_master.auth import hash_token
 from hpc_master.db.models import UserModel
 from hpc_master.errors import ClientError, NotFoundError, PermissionDeniedError
 from hpc_master.services import access, users
+from hpc_master.services import munge_login as munge
 from hpc_master.services.common import get_or_404
 
 router = APIRouter(prefix="/api/v1", tags=["users"])
@@ -70,6 +72,34 @@ def login(
             secure=request.url.scheme == "https",
         )
     return answer
+
+
+@router.post("/auth/munge/nonce", response_model=responses.MungeNonce)
+def munge_nonce(state: State) -> dict[str, Any]:
+    """Ours (munge login, ``services.munge_login``): a nonce for ``det user login`` with no user name to put in a
+    munge credential restricted to ``masterUid``, the master's Unix account."""
+    _munge_enabled(state)
+    return {"nonce": state.munge_nonces.issue(), "masterUid": os.geteuid()}
+
+
+@router.post("/auth/munge/login", response_model=responses.Login)
+def munge_login(body: MungeLoginRequest, state: State) -> dict[str, Any]:
+    """Ours: a session for the Unix account that encoded ``credential`` (see ``munge_nonce``)."""
+    _munge_enabled(state)
+    decoded = munge.decode(body.credential, state.config.security.munge.unmunge)
+    ttl = dt.timedelta(hours=state.config.security.token_ttl_hours)
+    with state.tx() as session:
+        user = munge.login(session, state.config, state.munge_nonces, decoded)
+        token = users.open_session(session, user, ttl)
+        return {"token": token, "user": convert.user_to_api(user)}
+
+
+def _munge_enabled(state: Any) -> None:
+    if not state.config.security.munge.enabled:
+        raise ClientError(
+            "this master does not take munge logins (security.munge.enabled); log in with a user name",
+            code="munge_disabled",
+        )
 
 
 @router.post("/auth/logout", response_model=responses.Empty)

@@ -29,6 +29,11 @@ class ApiModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
 
+class MungeLoginRequest(ApiModel):
+    credential: str = Field(max_length=8192)
+    """A munge credential (``MUNGE:…``) of ``{"nonce", "url"}``, restricted to the master's uid."""
+
+
 class LoginRequest(ApiModel):
     username: str = Field(max_length=128)
     password: str = Field(default="", max_length=1024)

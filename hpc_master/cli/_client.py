@@ -223,6 +223,38 @@ class Session:
         self._user, self._token = username, token
         return token
 
+    def munge_login(self) -> str | None:
+        """Log in as this Unix account with the site's munge (``services.munge_login``); the master user's
+        name, or None where munge is not installed here or the master takes no munge logins."""
+        import shutil
+        import subprocess
+
+        munge = shutil.which("munge")
+        if munge is None:
+            return None
+        try:
+            offer = self.call("POST", "/api/v1/auth/munge/nonce", auth=False)  # checks whom it talks to
+        except ApiError as err:
+            if err.code == "munge_disabled":
+                return None
+            raise
+        claim = json.dumps({"nonce": offer["nonce"], "url": self.master})
+        made = subprocess.run(
+            [munge, "--restrict-uid", str(int(offer["masterUid"]))],
+            input=claim.encode(), capture_output=True, timeout=30, check=False,
+        )  # fmt: skip
+        if made.returncode != 0:
+            raise ClientError(
+                f"munge could not make a credential: {made.stderr.decode(errors='replace').strip()}"
+            )
+        body = self.call(
+            "POST", "/api/v1/auth/munge/login", json={"credential": made.stdout.decode().strip()}, auth=False
+        )
+        username, token = str(body["user"]["username"]), str(body["token"])
+        store_token(self.master, username, token, make_active=True, server_uid=self._server_uid)
+        self._user, self._token = username, token
+        return username
+
     def check_peer(self) -> None:
         """Refuse to send credentials to a loopback master served by an account other than the expected one."""
         if self._peer_checked:

@@ -23,7 +23,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     user = sub.add_parser("user", aliases=["u"], help="log in and manage users")
     user_sub = user.add_subparsers(dest="action", metavar="ACTION", required=True)
 
-    p = user_sub.add_parser("login", help="log in (the password is prompted, or read from DET_PASS)")
+    p = user_sub.add_parser(
+        "login",
+        help="log in (the password is prompted, or read from DET_PASS); with no user name, as this Unix "
+        "account by munge where the master allows it",
+    )
     p.add_argument("username", metavar="USERNAME", nargs="?")
     p.set_defaults(func=_login)
 
@@ -67,7 +71,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def _login(args: argparse.Namespace) -> int:
     username = args.username or args.user
-    if not username:
+    if not username:  # this Unix account, by munge, where the master takes it (security.munge)
+        by_munge = Session(args.master, None).munge_login()
+        if by_munge is not None:
+            print(f"Logged in as {by_munge!r} on {args.master} (munge: this Unix account)")
+            return 0
         if not sys.stdin.isatty():
             raise ClientError("give the user name: det user login USERNAME")
         username = input("Username: ").strip()

@@ -120,9 +120,14 @@ def login(
         _check_blank_login(require_passwords=require_passwords, is_owner=is_owner, is_hashed=is_hashed)
     elif not is_hashed and auth.needs_rehash(user.password_hash):
         user.password_hash = auth.hash_password(password)
+    return open_session(session, user, ttl), user
+
+
+def open_session(session: Session, user: UserModel, ttl: dt.timedelta) -> str:
+    """A new session token of ``user`` (authenticated by the caller)."""
     token = auth.new_token()
     session.add(SessionModel(token_hash=auth.hash_token(token), user_id=user.id, expires_at=utcnow() + ttl))
-    return token, user
+    return token
 
 
 def _check_blank_login(*, require_passwords: bool, is_owner: bool, is_hashed: bool) -> None:

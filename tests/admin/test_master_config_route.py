@@ -60,7 +60,11 @@ def test_admins_see_the_effective_configuration_with_secrets_masked(tmp_path: Pa
             "admin_password": MASK,
             "max_streams_per_user": 64,
             "max_long_polls_per_trial": 256,
-        }
+            "munge": {
+                "enabled": False, "create_users": "nobody", "user_groups": [], "admin_group": None, "names": [],
+                "unmunge": "unmunge",
+            },
+        }  # fmt: skip
         assert got["listen"] == {"host": "127.0.0.1", "port": 8443, "forwarded_allow_ips": []}
         assert got["resource_pools"]["gpu"]["slots_per_node"] == 4
         assert got["job_storage_root"] == str(tmp_path / "home" / "hpc-det" / "jobs")  # resolved defaults

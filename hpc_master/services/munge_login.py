@@ -1,0 +1,197 @@
+"""Munge login (``security.munge``): a Unix account logs in with a credential of the site's munge, no password.
+
+``det user login`` (no user name) asks the master for a nonce (``Nonces``: random, single-use, 120 s) and the
+master's Unix uid, encodes ``{"nonce": …, "url": <the master's URL it used>}`` with ``munge --restrict-uid
+<that uid>`` and sends the credential. The master decodes it with the site's ``unmunge`` (``decode``), which
+says which uid encoded it and refuses a credential restricted to another uid, expired, or replayed. The master
+then refuses a nonce it did not issue (or already took) and a URL that is not one of its own (``own_url``), so
+that a server squatting a port ``det`` was pointed at can neither use nor relay the credential. The account's
+master user is the one mapped to it; a first login creates it where ``create_users`` allows; members of
+``admin_group`` are admins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import json
+import pwd
+import secrets
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from hpc_master import auth
+from hpc_master.db.models import UserModel
+from hpc_master.errors import ClientError, PermissionDeniedError
+from hpc_master.masterconf import MasterConfig, is_loopback
+
+NONCE_TTL_S = 120.0
+MAX_NONCES = 10_000
+MAX_CREDENTIAL = 8192
+
+
+class Nonces:
+    """The nonces this master issued, in memory (a restart forgets them: ``det`` asks for another)."""
+
+    def __init__(self) -> None:
+        self._issued: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def issue(self) -> str:
+        nonce = secrets.token_urlsafe(24)
+        now = time.monotonic()
+        with self._lock:
+            if len(self._issued) >= MAX_NONCES:  # the oldest make way
+                for old in sorted(self._issued, key=self._issued.__getitem__)[: MAX_NONCES // 10]:
+                    del self._issued[old]
+            self._issued[nonce] = now + NONCE_TTL_S
+        return nonce
+
+    def take(self, nonce: str) -> bool:
+        with self._lock:
+            expires = self._issued.pop(nonce, None)
+        return expires is not None and expires > time.monotonic()
+
+
+@dataclass(frozen=True)
+class Decoded:
+    uid: int
+    gid: int
+    payload: bytes
+
+
+def refused(why: str) -> PermissionDeniedError:
+    return PermissionDeniedError(f"munge login refused: {why}", code="munge_refused")
+
+
+def decode(credential: str, unmunge: str) -> Decoded:
+    """The site's ``unmunge`` on the credential: its encoder's uid and gid, and its payload."""
+    if not credential or len(credential) > MAX_CREDENTIAL or not credential.isascii():
+        raise ClientError("credential: expected a munge credential (MUNGE:…)", field="credential")
+    try:
+        with tempfile.TemporaryDirectory(prefix="det-unmunge-") as tmp:  # the payload apart from the metadata
+            out = Path(tmp) / "payload"
+            done = subprocess.run(
+                [unmunge, "--numeric", f"--output={out}"],
+                input=credential.encode(), capture_output=True, timeout=10, check=False,
+            )  # fmt: skip
+            payload = out.read_bytes()[:MAX_CREDENTIAL] if out.exists() else b""
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise PermissionDeniedError(
+            f"munge login is unavailable on this master: {e}", code="munge_unavailable"
+        ) from None
+    if done.returncode != 0:
+        raise refused(done.stderr.decode(errors="replace").strip().removeprefix("unmunge: Error: ")[:300])
+    meta = dict(
+        line.split(":", 1) for line in done.stdout.decode(errors="replace").splitlines() if ":" in line
+    )
+    try:
+        return Decoded(int(meta["UID"].split()[0]), int(meta["GID"].split()[0]), payload)
+    except (KeyError, ValueError):
+        raise refused("unmunge gave no UID") from None
+
+
+def own_url(url: str, config: MasterConfig) -> bool:
+    """Whether ``url`` (the one ``det`` used, from the credential) is this master's: its port, and a host name
+    this master is known by (its URL's and ``external_url``'s, this machine's, loopback, ``munge.names``)."""
+    try:
+        host, port = _host_port(url)
+    except ValueError:
+        return False
+    own_host, own_port = _host_port(config.master_url())
+    names = (
+        socket.gethostname(),
+        socket.getfqdn(),
+        own_host,
+        config.listen.host,
+        *config.security.munge.names,
+    )
+    known = {n.lower() for n in names} - {"0.0.0.0", "::"}
+    return port in (config.listen.port, own_port) and (host in known or is_loopback(host))
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def login(session: Session, config: MasterConfig, nonces: Nonces, decoded: Decoded) -> UserModel:
+    """The master user of the account that encoded ``decoded`` (created where allowed), after the checks
+    of the module's docstring."""
+    try:
+        claim = json.loads(decoded.payload)
+        nonce, url = str(claim["nonce"]), str(claim["url"])
+    except (ValueError, KeyError, TypeError):
+        raise refused("the credential's payload is not det's") from None
+    if not nonces.take(nonce):
+        raise refused("the nonce was not issued by this master, has expired, or was used already")
+    if not own_url(url, config):
+        raise refused(f"the credential was made for {url[:200]!r}, not for this master")
+    try:
+        account = pwd.getpwuid(decoded.uid)
+    except KeyError:
+        raise refused(f"uid {decoded.uid} has no account on the master's host") from None
+    if decoded.uid == 0:
+        raise refused("root does not log in with munge; use a password")
+    groups = _groups_of(account)
+    rules = config.security.munge
+    user = _user_of(session, account.pw_name) or _first_login(session, config, account.pw_name, groups)
+    if not user.active:
+        raise refused(f"the master user {user.username!r} is deactivated")
+    if rules.admin_group is not None:
+        user.admin = rules.admin_group in groups
+    session.flush()
+    return user
+
+
+def _user_of(session: Session, account: str) -> UserModel | None:
+    mapped = list(session.scalars(select(UserModel).where(UserModel.unix_username == account)))
+    if len(mapped) == 1:
+        return mapped[0]
+    named = [u for u in mapped if u.username == account]
+    if named:
+        return named[0]
+    if mapped:
+        raise refused(
+            f"several master users are mapped to the Unix account {account!r} and none is named so; "
+            "log in with a user name and password"
+        )
+    return None
+
+
+def _groups_of(account: pwd.struct_passwd) -> set[str]:
+    names = {g.gr_name for g in grp.getgrall() if account.pw_name in g.gr_mem}
+    with contextlib.suppress(KeyError):  # a primary group without a name
+        names.add(grp.getgrgid(account.pw_gid).gr_name)
+    return names
+
+
+def _first_login(session: Session, config: MasterConfig, account: str, groups: set[str]) -> UserModel:
+    """The master user of an account's first munge login, where ``create_users`` allows it."""
+    rules = config.security.munge
+    allowed = rules.create_users == "everyone" or (
+        rules.create_users == "groups" and groups & set(rules.user_groups)
+    )
+    if not allowed:
+        raise refused(
+            f"the Unix account {account!r} has no master user, and this master creates none "
+            f"(security.munge.create_users: {rules.create_users}); ask an admin"
+        )
+    user = UserModel(
+        username=account,
+        password_hash=auth.hash_password(secrets.token_urlsafe(32)),  # nobody knows it: munge, or an admin's
+        admin=False,
+        active=True,
+        unix_username=account,
+    )
+    session.add(user)
+    return user
