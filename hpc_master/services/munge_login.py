@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 
 from hpc_master import auth
 from hpc_master.db.models import UserModel
-from hpc_master.errors import ClientError, PermissionDeniedError
+from hpc_master.errors import ClientError, PermissionDeniedError, TooManyRequestsError
 from hpc_master.masterconf import MasterConfig, is_loopback
 
 NONCE_TTL_S = 120.0
@@ -73,10 +73,23 @@ def refused(why: str) -> PermissionDeniedError:
     return PermissionDeniedError(f"munge login refused: {why}", code="munge_refused")
 
 
+_DECODING = threading.BoundedSemaphore(8)
+"""At most this many ``unmunge`` at once: the route is open to anyone (it is a login), a process each."""
+
+
 def decode(credential: str, unmunge: str) -> Decoded:
     """The site's ``unmunge`` on the credential: its encoder's uid and gid, and its payload."""
     if not credential or len(credential) > MAX_CREDENTIAL or not credential.isascii():
         raise ClientError("credential: expected a munge credential (MUNGE:…)", field="credential")
+    if not _DECODING.acquire(blocking=False):
+        raise TooManyRequestsError("too many munge logins at once; try again", retry_after_s=1)
+    try:
+        return _decode(credential, unmunge)
+    finally:
+        _DECODING.release()
+
+
+def _decode(credential: str, unmunge: str) -> Decoded:
     try:
         with tempfile.TemporaryDirectory(prefix="det-unmunge-") as tmp:  # the payload apart from the metadata
             out = Path(tmp) / "payload"

@@ -102,3 +102,20 @@ def test_a_master_without_munge_logins_says_so(client: Any) -> None:
         r = client.post(f"/api/v1/auth/munge/{route}", json=body)
         assert r.status_code == 400 and r.json()["code"] == "munge_disabled", r.text
         assert "security.munge.enabled" in r.json()["message"]
+
+
+def test_unmunge_runs_at_most_eight_at_once() -> None:
+    """The route is open to anyone (a login) and starts a process: the ninth at once is told to come back."""
+    from hpc_master.errors import TooManyRequestsError
+
+    held = [munge._DECODING.acquire(blocking=False) for _ in range(8)]
+    try:
+        assert all(held)
+        with pytest.raises(TooManyRequestsError) as busy:
+            munge.decode("MUNGE:abc", "/nonexistent/unmunge")
+        assert busy.value.retry_after_s == 1
+    finally:
+        for _ in held:
+            munge._DECODING.release()
+    with pytest.raises(PermissionDeniedError):  # free again: it gets as far as running unmunge
+        munge.decode("MUNGE:abc", "/nonexistent/unmunge")
