@@ -32,8 +32,9 @@ class MungeLoginConfig(StrictModel):
     """Members of this Unix group are admins, set at each munge login (others are not); unset: admin rights
     are given with ``det user edit``."""
     names: list[str] = Field(default_factory=list)
-    """More host names this master is reached by (its URL's, its machine's and ``external_url``'s are known):
-    a credential names the URL ``det`` used, and one for another address is refused."""
+    """More host names this master is reached by (``listen.host`` and ``external_url``'s are known, and on a
+    master listening on every address loopback and this machine's names): a credential names the URL ``det``
+    used, and one for another address is refused."""
     unmunge: str = "unmunge"
     """The ``unmunge`` command (a path where it is not on ``PATH``)."""
 

@@ -115,21 +115,20 @@ def _decode(credential: str, unmunge: str) -> Decoded:
 
 def own_url(url: str, config: MasterConfig) -> bool:
     """Whether ``url`` (the one ``det`` used, from the credential) is this master's: its port, and a host name
-    this master is known by (its URL's and ``external_url``'s, this machine's, loopback, ``munge.names``)."""
+    that reaches this master's own socket: its listen address, ``external_url``'s host, ``munge.names``, and,
+    only when it listens on every address, loopback and this machine's names. (On a master bound to one
+    address, another account may listen on the same port of loopback and relay the credential.)"""
     try:
         host, port = _host_port(url)
     except ValueError:
         return False
     own_host, own_port = _host_port(config.master_url())
-    names = (
-        socket.gethostname(),
-        socket.getfqdn(),
-        own_host,
-        config.listen.host,
-        *config.security.munge.names,
-    )
+    everywhere = config.listen.host in ("0.0.0.0", "::")
+    names = {own_host, config.listen.host, *config.security.munge.names}
+    if everywhere:
+        names |= {socket.gethostname(), socket.getfqdn()}
     known = {n.lower() for n in names} - {"0.0.0.0", "::"}
-    return port in (config.listen.port, own_port) and (host in known or is_loopback(host))
+    return port in (config.listen.port, own_port) and (host in known or (everywhere and is_loopback(host)))
 
 
 def _host_port(url: str) -> tuple[str, int]:

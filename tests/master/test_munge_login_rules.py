@@ -35,12 +35,20 @@ def test_a_nonce_is_good_once_and_only_when_issued() -> None:
 
 
 def test_only_the_masters_own_urls() -> None:
-    c = config(names=["login1.example.org"])
-    for ok in ("http://10.0.0.5:8080", "http://127.0.0.1:8080", f"http://{socket.gethostname()}:8080",
-               "http://login1.example.org:8080/"):  # fmt: skip
+    c = config(names=["login1.example.org"])  # bound to 10.0.0.5 only
+    for ok in ("http://10.0.0.5:8080", "http://login1.example.org:8080/"):
         assert munge.own_url(ok, c), ok
-    for bad in ("http://10.0.0.5:8081", "http://evil.example.org:8080", "http://[::1", "not a url"):
+    # Another account may listen on port 8080 of loopback (or of another address of this machine) and relay.
+    for bad in ("http://10.0.0.5:8081", "http://evil.example.org:8080", "http://127.0.0.1:8080",
+                f"http://{socket.gethostname()}:8080", "http://[::1", "not a url"):  # fmt: skip
         assert not munge.own_url(bad, c), bad
+    everywhere = parse_master_config({"listen": {"host": "0.0.0.0", "port": 8080}}, env={})
+    for ok in (
+        "http://127.0.0.1:8080",
+        f"http://{socket.gethostname()}:8080",
+    ):  # its own sockets, all of them
+        assert munge.own_url(ok, everywhere), ok
+    assert not munge.own_url("http://127.0.0.1:8081", everywhere)
 
 
 def _decoded(
