@@ -82,16 +82,25 @@ class DeterminedClient:
         env.update(extra or {})
         return env
 
-    def run(self, argv: list[str], *, stdin: str = "", env: dict[str, str] | None = None) -> Result:
+    def run(
+        self, argv: list[str], *, stdin: str = "", env: dict[str, str] | None = None,
+        timeout_s: float = CLIENT_TIMEOUT_S,
+    ) -> Result:  # fmt: skip
         # A new session has no controlling terminal, so ``getpass`` reads the password from stdin.
         proc = subprocess.run(
             argv, input=stdin, capture_output=True, text=True, env=self.env(env), cwd=self.home,
-            timeout=CLIENT_TIMEOUT_S, start_new_session=True,
+            timeout=timeout_s, start_new_session=True,
         )  # fmt: skip
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
-    def det(self, *args: str, stdin: str = "", env: dict[str, str] | None = None) -> Result:
-        return self.run([str(self.venv / "bin" / "det"), *args], stdin=stdin, env=env)
+    def det(
+        self,
+        *args: str,
+        stdin: str = "",
+        env: dict[str, str] | None = None,
+        timeout_s: float = CLIENT_TIMEOUT_S,
+    ) -> Result:
+        return self.run([str(self.venv / "bin" / "det"), *args], stdin=stdin, env=env, timeout_s=timeout_s)
 
     def sdk(self, code: str, env: dict[str, str] | None = None) -> object:
         """Run `code` in the client's Python; it prints one JSON document, which is returned."""
