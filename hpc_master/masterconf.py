@@ -20,9 +20,9 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from hpc_master import paths
 from hpc_master.errors import ConfigError
 from hpc_master.expconf._errors import UNKNOWN_FIELD
-from hpc_master.masterconf_security import MungeLoginConfig, SecurityConfig, StrictModel
+from hpc_master.masterconf_security import LdapLoginConfig, MungeLoginConfig, SecurityConfig, StrictModel
 
-__all__ = ["MungeLoginConfig", "SecurityConfig", "StrictModel"]  # theirs, re-exported
+__all__ = ["LdapLoginConfig", "MungeLoginConfig", "SecurityConfig", "StrictModel"]  # theirs, re-exported
 
 
 class DbConfig(StrictModel):
@@ -490,6 +490,7 @@ ENV_OVERRIDES: dict[str, str] = {
     "DET_REQUIRE_PASSWORDS": "security.require_passwords",
     "DET_TOKEN_TTL_HOURS": "security.token_ttl_hours",
     "DET_ADMIN_PASSWORD": "security.admin_password",
+    "DET_LDAP_BIND_PASSWORD": "security.ldap.bind_password",
     "DET_MAX_STREAMS_PER_USER": "security.max_streams_per_user",
     "DET_POLL_INTERVAL_S": "poll_interval_s",
     "DET_TLS_CERT": "tls.cert",

@@ -105,12 +105,27 @@ security:
     admin_group: hpc-det-admins
     names: [login1.example.org, login2.example.org]
     unmunge: /usr/bin/unmunge
+  ldap:  # the web UI (and `det user login NAME`): the password of the site's directory
+    enabled: true
+    url: ldaps://ldap.example.org
+    start_tls: false
+    ca_file: /etc/ssl/certs/site-ca.pem
+    bind_dn: cn=hpc-det,ou=services,dc=example,dc=org
+    # bind_password: prefer DET_LDAP_BIND_PASSWORD in the unit's EnvironmentFile.
+    base_dn: ou=people,dc=example,dc=org
+    user_filter: (&(objectClass=posixAccount)(uid={username}))
+    unix_attribute: uid
+    timeout_s: 10
+    create_users: groups
+    user_groups: [ml-users]
+    admin_group: hpc-det-admins
 task_proxy:
   # Notebooks' and TensorBoards' pages: a host name of their own (DNS and the certificate name it).
   origin: https://tasks.det.example.org:8443
   port: null
 """
-"""A shared master's whole ``master.yaml``, with every key but ``security.admin_password``."""
+"""A shared master's whole ``master.yaml``, with every key but ``security.admin_password`` and
+``security.ldap.bind_password``."""
 
 POOL_NAME = "<name>"
 """How a mapping key (a pool's name) appears in a key's path."""
@@ -128,7 +143,16 @@ class KeyDoc:
 
 @cache
 def field_docstrings(model: type[BaseModel]) -> dict[str, str]:
-    """The string literal under each field of `model`'s class body (PEP 257's attribute docstrings)."""
+    """The string literal under each field of `model`'s class body (PEP 257's attribute docstrings), or of
+    the nearest base class that has one (a field inherited, or redefined without one)."""
+    docs: dict[str, str] = {}
+    for cls in reversed(model.__mro__):
+        if isinstance(cls, type) and issubclass(cls, BaseModel) and cls.__module__.startswith("hpc_master"):
+            docs |= _own_docstrings(cls)
+    return docs
+
+
+def _own_docstrings(model: type[BaseModel]) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(model)))
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     docs: dict[str, str] = {}

@@ -12,6 +12,8 @@ APT_PACKAGES=(
   slurm-wlm slurmdbd mariadb-server munge libpmix2 openmpi-bin libopenmpi-dev iproute2 util-linux passwd sudo
   python3 python3-venv python3-dev build-essential
   openssl  # the web UI's generated certificate (hpc_master/browser_tls.py)
+  libldap2-dev libsasl2-dev  # python-ldap's build (the `ldap` extra: LDAP logins)
+  slapd ldap-utils  # the real OpenLDAP server of the LDAP login tests (tests/ldap_server.py)
   postgresql
   chromium fonts-liberation
 )
@@ -25,7 +27,7 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   # Debian's postinst may start the services it just installed; the project starts private ones of its own.
-  for svc in postgresql mariadb munge; do
+  for svc in postgresql mariadb munge slapd; do
     [[ " ${missing[*]} " == *" ${svc}"* ]] && service "$svc" stop >/dev/null 2>&1 || true
   done
 fi
@@ -46,7 +48,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     # The CPU build of torch lies on this machine's disk; ask for it by exact version first so that the
     # `torch>=` range of the extra is already satisfied and no CUDA build is downloaded.
     "${PIP[@]}" install "${PINS[@]}" "$(/usr/bin/python3 scripts/pins_inputs.py torch)" &&
-    "${PIP[@]}" install "${PINS[@]}" -e '.[dev,bench,mpi,torch,examples,interactive]' &&
+    "${PIP[@]}" install "${PINS[@]}" -e '.[dev,bench,mpi,torch,examples,interactive,ldap]' &&
     # DeepSpeed (the `deepspeed` extra) builds against the torch above (no build isolation: an isolated build
     # would fetch the newest CUDA torch), with its CPU shared-memory collective op compiled now (~50 s) rather
     # than by each user's first job: a job killed during that JIT build leaves a lock in

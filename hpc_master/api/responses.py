@@ -120,6 +120,7 @@ class MasterInfo(TypedDict):
     clusterId: str
     clusterName: str
     externalUrl: str
+    loginMethods: list[str]  # ours: password, ldap, munge
     telemetryEnabled: bool
     rbacEnabled: bool
     userManagementEnabled: bool

@@ -82,12 +82,20 @@ def master_info(state: State) -> dict[str, Any]:
         "clusterName": state.config.cluster_name,
         "telemetryEnabled": False,
         "externalUrl": state.config.master_url(),
+        "loginMethods": login_methods(state.config),
         # Fields Determined's client requires (``docs/determined-client.md``).
         "hasCustomLogo": False,
         "strictJobQueueControl": False,
         "rbacEnabled": False,
         "userManagementEnabled": True,
     }
+
+
+def login_methods(config: Any) -> list[str]:
+    """Ours: how users log in here (``password``; ``ldap``: a password of the site's directory too; ``munge``:
+    ``det user login`` with no name), for the web UI's login page and scripts."""
+    security = config.security
+    return ["password"] + [name for name in ("ldap", "munge") if getattr(security, name).enabled]
 
 
 DETERMINED_API_VERSION = "0.38.1"

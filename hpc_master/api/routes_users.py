@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 from typing import Annotated, Any
 
@@ -17,11 +18,12 @@ from hpc_master.api.schemas import LoginRequest, MungeLoginRequest, PatchUserReq
 from hpc_master.auth import hash_token
 from hpc_master.db.models import UserModel
 from hpc_master.errors import ClientError, NotFoundError, PermissionDeniedError
-from hpc_master.services import access, users
+from hpc_master.services import access, ldap_login, unix_users, users
 from hpc_master.services import munge_login as munge
 from hpc_master.services.common import get_or_404
 
 router = APIRouter(prefix="/api/v1", tags=["users"])
+log = logging.getLogger(__name__)
 
 
 @router.post("/auth/login", response_model=responses.Login)
@@ -45,17 +47,7 @@ def login(
     address = request.client.host if request.client else "unknown"
     with state.throttle.attempt(body.username, address) as attempt:
         try:
-            with state.tx() as session:
-                token, user = users.login(
-                    session,
-                    body.username,
-                    body.password,
-                    ttl=ttl,
-                    require_passwords=state.config.passwords_required(),
-                    is_owner=owner_key.matches(body.owner_key, state.owner_key_digest),
-                    is_hashed=body.is_hashed,
-                )
-                answer = {"token": token, "user": convert.user_to_api(user)}
+            answer = _password_login(state, body, ttl)
         except users.LoginFailedError as exc:
             refusal = attempt.failed(user_exists=exc.user_exists)
             if refusal is not None:
@@ -72,6 +64,34 @@ def login(
             secure=request.url.scheme == "https",
         )
     return answer
+
+
+def _password_login(state: Any, body: LoginRequest, ttl: dt.timedelta) -> dict[str, Any]:
+    """A master user's password; failing that, where ``security.ldap`` is enabled, the directory's
+    (``services.ldap_login``; not for Determined's client, which sends a hash of the password)."""
+    try:
+        with state.tx() as session:
+            token, user = users.login(
+                session,
+                body.username,
+                body.password,
+                ttl=ttl,
+                require_passwords=state.config.passwords_required(),
+                is_owner=owner_key.matches(body.owner_key, state.owner_key_digest),
+                is_hashed=body.is_hashed,
+            )
+            return {"token": token, "user": convert.user_to_api(user)}
+    except users.LoginFailedError:
+        rules = state.config.security.ldap
+        if not rules.enabled or body.is_hashed:
+            raise
+    found = ldap_login.authenticate(rules, body.username, body.password)  # no transaction open meanwhile
+    with state.tx() as session:
+        account = unix_users.account_named(found.account, ldap_login.refused)
+        user = unix_users.user_for(session, account, rules, ldap_login.refused, "LDAP")
+        token = users.open_session(session, user, ttl)
+        log.info("LDAP login: %s as the master user %s", found.dn, user.username)
+        return {"token": token, "user": convert.user_to_api(user)}
 
 
 @router.post("/auth/munge/nonce", response_model=responses.MungeNonce)

@@ -7,15 +7,12 @@ says which uid encoded it and refuses a credential restricted to another uid, ex
 then refuses a nonce it did not issue (or already took) and a URL that is not one of its own (``own_url``), so
 that a server squatting a port ``det`` was pointed at can neither use nor relay the credential. The account's
 master user is the one mapped to it; a first login creates it where ``create_users`` allows; members of
-``admin_group`` are admins.
+``admin_group`` are admins (``services.unix_users``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import grp
 import json
-import pwd
 import secrets
 import socket
 import subprocess
@@ -26,13 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from hpc_master import auth
 from hpc_master.db.models import UserModel
 from hpc_master.errors import ClientError, PermissionDeniedError, TooManyRequestsError
 from hpc_master.masterconf import MasterConfig, is_loopback
+from hpc_master.services import unix_users
 
 NONCE_TTL_S = 120.0
 MAX_NONCES = 10_000
@@ -148,62 +144,5 @@ def login(session: Session, config: MasterConfig, nonces: Nonces, decoded: Decod
         raise refused("the nonce was not issued by this master, has expired, or was used already")
     if not own_url(url, config):
         raise refused(f"the credential was made for {url[:200]!r}, not for this master")
-    try:
-        account = pwd.getpwuid(decoded.uid)
-    except KeyError:
-        raise refused(f"uid {decoded.uid} has no account on the master's host") from None
-    if decoded.uid == 0:
-        raise refused("root does not log in with munge; use a password")
-    groups = _groups_of(account)
-    rules = config.security.munge
-    user = _user_of(session, account.pw_name) or _first_login(session, config, account.pw_name, groups)
-    if not user.active:
-        raise refused(f"the master user {user.username!r} is deactivated")
-    if rules.admin_group is not None:
-        user.admin = rules.admin_group in groups
-    session.flush()
-    return user
-
-
-def _user_of(session: Session, account: str) -> UserModel | None:
-    mapped = list(session.scalars(select(UserModel).where(UserModel.unix_username == account)))
-    if len(mapped) == 1:
-        return mapped[0]
-    named = [u for u in mapped if u.username == account]
-    if named:
-        return named[0]
-    if mapped:
-        raise refused(
-            f"several master users are mapped to the Unix account {account!r} and none is named so; "
-            "log in with a user name and password"
-        )
-    return None
-
-
-def _groups_of(account: pwd.struct_passwd) -> set[str]:
-    names = {g.gr_name for g in grp.getgrall() if account.pw_name in g.gr_mem}
-    with contextlib.suppress(KeyError):  # a primary group without a name
-        names.add(grp.getgrgid(account.pw_gid).gr_name)
-    return names
-
-
-def _first_login(session: Session, config: MasterConfig, account: str, groups: set[str]) -> UserModel:
-    """The master user of an account's first munge login, where ``create_users`` allows it."""
-    rules = config.security.munge
-    allowed = rules.create_users == "everyone" or (
-        rules.create_users == "groups" and groups & set(rules.user_groups)
-    )
-    if not allowed:
-        raise refused(
-            f"the Unix account {account!r} has no master user, and this master creates none "
-            f"(security.munge.create_users: {rules.create_users}); ask an admin"
-        )
-    user = UserModel(
-        username=account,
-        password_hash=auth.hash_password(secrets.token_urlsafe(32)),  # nobody knows it: munge, or an admin's
-        admin=False,
-        active=True,
-        unix_username=account,
-    )
-    session.add(user)
-    return user
+    account = unix_users.account_of_uid(decoded.uid, refused)
+    return unix_users.user_for(session, account, config.security.munge, refused, "munge")

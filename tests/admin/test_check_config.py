@@ -27,7 +27,7 @@ def check(path: Path, **env: str) -> subprocess.CompletedProcess[str]:
 def test_a_valid_file_is_ok_and_nothing_is_touched(tmp_path: Path) -> None:
     path = tmp_path / "master.yaml"
     path.write_text(EXAMPLE)  # its database is on a host that does not exist: never connected to
-    r = check(path)
+    r = check(path, DET_LDAP_BIND_PASSWORD="from-the-unit")
     assert (r.returncode, r.stdout, r.stderr) == (0, "ok\n", "")
     db = tmp_path / "data" / "master.db"
     path.write_text(f"db: {{url: 'sqlite:///{db}'}}\nlisten: {{port: 9999}}\n")

@@ -1,6 +1,8 @@
 """Issue 37's first "done when": a Unix account the master has never seen runs `det user login` and `det e create`
 on the cluster with no password and no hpc-det admin step (the test gives it a Slurm association, as a site
-would have); its trial runs as that account."""
+would have); its trial runs as that account. Then the same person logs into the web UI, in Chromium over
+HTTPS, with their password of the site's directory (a real slapd, ``tests/ldap_server.py``), and sees the
+experiment; the wrong password is refused."""
 
 from __future__ import annotations
 
@@ -10,14 +12,19 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from local_cluster.accounting import LOCAL_ACCOUNT
 from tests.e2e.conftest import Master, new_master, started
+from tests.ldap_server import Person, Slapd
 from tests.slurm.fixtures import REPO, Researcher
+from tests.webui.conftest import Page
+from tests.webui.conftest import browser as browser  # the chromium fixture (one per module)
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.browser]
+LDAP_PASSWORD = "directory-pw-of-the-newcomer"
 VENV_BIN = REPO / ".venv" / "bin"
 CONFIG = """
 name: munge-newcomer
@@ -43,12 +50,24 @@ def newcomer() -> Iterator[str]:
         subprocess.run(["userdel", "-r", name], capture_output=True, check=False, timeout=60)
 
 
+@pytest.fixture
+def directory(newcomer: str, tmp_path: Path) -> Iterator[Slapd]:
+    with Slapd(tmp_path / "slapd", [Person(newcomer, LDAP_PASSWORD)]) as server:
+        yield server
+
+
 def test_a_unix_account_never_seen_logs_in_by_munge_and_runs_a_trial(
-    researcher: Researcher, newcomer: str
+    researcher: Researcher, newcomer: str, directory: Slapd, browser: Any
 ) -> None:
     m: Master = new_master(researcher)
+    ldap = {
+        "enabled": True,
+        "url": directory.ldaps_url,
+        "ca_file": directory.ca_file,
+        "base_dn": directory.base_dn,
+    }
     with (m.root / "master.yaml").open("a") as f:
-        f.write("security: {munge: {enabled: true, create_users: everyone}}\n")
+        f.write(f"security: {{munge: {{enabled: true, create_users: everyone}}, ldap: {json.dumps(ldap)}}}\n")
     home = Path(pwd.getpwnam(newcomer).pw_dir)
     work = home / "exp"
     work.mkdir()
@@ -72,3 +91,18 @@ def test_a_unix_account_never_seen_logs_in_by_munge_and_runs_a_trial(
         trials = json.loads(det("e", "list-trials", str(exp), "--json").stdout)["trials"]
         logs = det("trial", "logs", str(trials[0]["id"]))
         assert f"ran as {newcomer}" in logs.stdout, logs.stdout[-2000:] + logs.stderr
+
+        ui = Page(browser, m.browser_url)
+        try:
+            p = ui.page
+            p.goto("/login")
+            p.wait_for_selector(".note[data-login=ldap]")  # the page says which password it takes
+            p.fill("input[name=username]", newcomer)
+            p.fill("input[name=password]", "not-" + LDAP_PASSWORD)
+            p.click("button[type=submit]")
+            p.wait_for_selector("text=invalid credentials")
+            ui.login(newcomer, LDAP_PASSWORD)
+            p.wait_for_selector(f"#experiments tr[data-experiment='{exp}']")
+            assert newcomer in p.inner_text("body")
+        finally:
+            ui.close()

@@ -66,9 +66,11 @@ def test_pause_activate_and_live_logs_from_the_ui(
 
         # The experiment page draws the trial's curve, then pause from the page.
         p.goto(f"/experiments/{exp}?group=training&metric=x")
-        p.wait_for_selector("#learning-curves[data-series='1']", timeout=10_000)
+        p.wait_for_selector("#learning-curves[data-series='1']", timeout=30_000)
         p.click("button[data-action=pause]")
-        p.wait_for_selector("#exp-state:has-text('PAUSED')", timeout=15_000)
+        # The master first (the click reached it), then the page (it followed): a failure says which.
+        assert master.wait_state(alice, exp, {"STATE_PAUSED"}, 60) == "STATE_PAUSED"
+        p.wait_for_selector("#exp-state:has-text('PAUSED')", timeout=30_000)
         paused = _trial(master, alice, exp, lambda t: t["state"] == "STATE_PAUSED", "the trial to pause")
         assert _trial(master, alice, exp, lambda t: t["latestCheckpointUuid"], "a checkpoint")
         wait_for(lambda: not master.jobs_of(exp), 30, "the paused trial's Slurm job to leave Slurm")
@@ -82,10 +84,10 @@ def test_pause_activate_and_live_logs_from_the_ui(
 
         # Activate: it runs again, from the checkpoint, and completes.
         p.click("button[data-action=activate]")
-        p.wait_for_selector("#exp-state:has-text('ACTIVE')", timeout=5_000)
+        p.wait_for_selector("#exp-state:has-text('ACTIVE')", timeout=30_000)
         _trial(master, alice, exp, lambda t: t["stepsCompleted"] > paused["stepsCompleted"], "progress")
         assert master.wait_state(alice, exp, TERMINAL_OK, 180) == "STATE_COMPLETED", master.diagnose(exp)
-        p.wait_for_selector("#exp-state:has-text('COMPLETED')", timeout=5_000)
+        p.wait_for_selector("#exp-state:has-text('COMPLETED')", timeout=30_000)
         ui.assert_clean()
         bob.assert_clean()
     finally:

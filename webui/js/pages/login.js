@@ -13,6 +13,13 @@ export function render(root, _params, { navigate, onLogin }) {
   const password = h("input", { name: "password", type: "password", autocomplete: "current-password" });
   const submit = h("button", { class: "primary", type: "submit" }, "Log in");
   const life = pageLife(error);
+  const note = h(
+    "p",
+    { class: "note" },
+    "A personal master's users without a password log in from the CLI (it sends the owner's key), ",
+    "or here through the login link the master prints when it starts. Or give yourself a password: ",
+    h("code", {}, "det user change-password"),
+  );
   const logIn = async (body) => {
     life.error("");
     submit.disabled = true;
@@ -44,15 +51,22 @@ export function render(root, _params, { navigate, onLogin }) {
     h("label", {}, "Password", password),
     submit,
     error,
-    h(
-      "p",
-      { class: "note" },
-      "A personal master's users without a password log in from the CLI (it sends the owner's key), ",
-      "or here through the login link the master prints when it starts. Or give yourself a password: ",
-      h("code", {}, "det user change-password"),
-    ),
+    note,
   );
   root.append(h("div", { class: "login panel" }, form));
+  // A master that checks passwords against the site's directory says so: the site's password works here.
+  api("/master", { signal: life.signal() })
+    .then((info) => {
+      if (!info.loginMethods?.includes("ldap")) return;
+      note.replaceChildren(
+        "Log in with your cluster account's user name and password (the site's directory). ",
+        "On a login node, ",
+        h("code", {}, "det user login"),
+        " needs no password.",
+      );
+      note.dataset.login = "ldap";
+    })
+    .catch(() => {}); // the default note stays
   // A personal master's login link (/login#key=…, printed by det-master at start): its owner's key logs in as
   // `determined`, as the CLI does. The key leaves the address bar and the history at once.
   const key = new URLSearchParams(location.hash.slice(1)).get("key");
