@@ -24,6 +24,7 @@ from hpc_master.services.checkpoints import records as ckpts
 from hpc_master.services.checkpoints.usage import StorageTotals
 from hpc_master.services.checkpoints.views import CheckpointView
 from hpc_master.services.stored_config import experiment_config, shown_config
+from slurm_backend import pending
 
 # libyaml's safe dumper when PyYAML has it (same text, ~5x faster: a page of other users' experiments dumps
 # each masked config; 0.76 ms → 0.16 ms a config, measured for bench/many_users.py's list-all p99).
@@ -141,8 +142,14 @@ def run_to_api(run: TrialRunModel) -> dict[str, Any]:
         # waitingIn: "slurm" (submitted, pending there) or "master" (held back: a submit limit, no controller).
         "pendingReason": run.pending_reason,
         "pendingSince": iso(run.pending_since),
+        **pending_fields(run.pending_reason if run.state == "PENDING" else None),
         "waitingIn": (("slurm" if run.slurm_job_id else "master") if run.state == "PENDING" else None),
     }
+
+
+def pending_fields(reason: str | None) -> dict[str, Any]:
+    """The class of a pending reason and whether the job is stuck (``slurm_backend.pending``)."""
+    return {"pendingClass": pending.classify(reason), "stuck": pending.is_stuck(reason)}
 
 
 def trial_to_api(

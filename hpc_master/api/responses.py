@@ -308,6 +308,8 @@ class Run(TypedDict):
     endTime: str | None
     pendingReason: str | None
     pendingSince: str | None
+    pendingClass: str | None  # limit, resources, priority, held, dependency, other (slurm_backend.pending)
+    stuck: bool  # it will not start until someone acts (held, a partition down, ...)
     waitingIn: str | None
 
 

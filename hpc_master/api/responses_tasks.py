@@ -39,6 +39,8 @@ class Task(TypedDict):
     slurmJobId: NotRequired[str | None]  # ours
     nodeList: NotRequired[str | None]  # ours
     pendingReason: NotRequired[str | None]  # ours
+    pendingClass: NotRequired[str | None]  # ours (as a trial run's)
+    stuck: NotRequired[bool]  # ours
     taskType: NotRequired[str]
     workDir: NotRequired[str]  # ours
 

@@ -71,8 +71,8 @@ SUBMIT_LIMIT_TEXT = "Slurm's limit on your submitted jobs; the master submits it
 
 
 def waiting_text(run: dict[str, Any], now: dt.datetime | None = None) -> str | None:
-    """`in Slurm since 2026-11-24T07:00:00Z (3m12s): QOSMaxJobsPerUserLimit (…in words)`, for a run that
-    waits; None otherwise."""
+    """`in Slurm since 2026-11-24T07:00:00Z (3m12s): QOSMaxJobsPerUserLimit (…in words) [limit]`, for a run
+    that waits (``STUCK, …`` first for one that will not start until someone acts); None otherwise."""
     where = run.get("waitingIn")
     reason = run.get("pendingReason")
     if not where or not reason:
@@ -84,7 +84,10 @@ def waiting_text(run: dict[str, Any], now: dt.datetime | None = None) -> str | N
     if since:
         text += _since_text(since, now)
     text += f": {reason}"
-    return f"{text} ({words})" if words else text
+    text = f"{text} ({words})" if words else text
+    if run.get("pendingClass"):
+        text += f" [{run['pendingClass']}]"
+    return f"STUCK, it will not start until someone acts: {text}" if run.get("stuck") else text
 
 
 def _since_text(since: Any, now: dt.datetime | None) -> str:

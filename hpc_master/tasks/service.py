@@ -29,6 +29,7 @@ from hpc_master.expconf.tasks import TaskConfig, TaskType
 from hpc_master.services import access
 from hpc_master.services.access import Principal
 from hpc_master.services.stored_config import task_config
+from slurm_backend import pending
 
 MAX_LIVE_TASKS_PER_USER = 100
 """Tasks not yet terminated, per user: a runaway script gets an error, not a thousand jobs."""
@@ -200,6 +201,8 @@ def task_to_api(task: TaskModel, owner: UserModel) -> dict[str, Any]:
         "slurmJobId": task.slurm_job_id,
         "nodeList": task.node_list,
         "pendingReason": task.pending_reason,
+        "pendingClass": pending.classify(task.pending_reason),
+        "stuck": pending.is_stuck(task.pending_reason),
         "workspaceId": WORKSPACE_ID,
         "taskType": task.task_type,
         "serviceAddress": f"/proxy/{task.id}/" if task.service_address else "",

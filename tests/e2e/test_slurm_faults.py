@@ -180,6 +180,9 @@ def test_a_submit_limit_keeps_trials_waiting_and_describe_says_why(
 
     seen = wait_for(reasons, 60, "a trial held in the master and one pending in Slurm for a limit")
     assert seen == {"AssocMaxSubmitJobLimit": "master", "QOSMaxJobsPerUserLimit": "slurm"}, seen
+    classes = {r["pendingReason"]: (r["pendingClass"], r["stuck"]) for t in master.trials(alice, exp)
+               for r in _runs(master, alice, t["id"])[-1:] if r["pendingReason"]}  # fmt: skip
+    assert set(classes.values()) == {("limit", False)}, classes
     described = _det(master, "e", "describe", str(exp))
     assert "in the master (not submitted yet) since" in described and "AssocMaxSubmitJobLimit" in described
     assert "in Slurm since" in described and "QOSMaxJobsPerUserLimit" in described
@@ -253,3 +256,39 @@ def test_a_slow_controller_does_not_slow_the_api(slow_master: Master) -> None:
     wait_for(lambda: "submitted as Slurm job" in slow_master.log.read_text(), 30, "a submission")
     print(f"idle {max(idle):.3f} s, busy {max(busy):.3f} s per create + 2 reads")
     assert max(busy) < max(0.5, 3 * max(idle)), (idle, busy)
+
+
+def test_a_held_job_shows_as_stuck_and_runs_once_released(master: Master, alice: dict[str, str]) -> None:
+    """Issue 37: a job an admin holds (``JobHeldAdmin``) will not start until someone acts: the master shows
+    it as stuck (not failed) in the API, ``det e describe`` and the web UI's data; released, it runs."""
+    exp = master.create_experiment(
+        alice, _experiment("e2e-held", 3, 0.0, "slurm: {sbatch_args: [--begin=now+3600]}")
+    )
+    (trial,) = wait_for(lambda: master.trials(alice, exp) or None, 60, "the trial")
+
+    def run() -> dict[str, Any] | None:
+        runs = _runs(master, alice, trial["id"])
+        return runs[-1] if runs and runs[-1]["slurmJobId"] and runs[-1]["pendingReason"] else None
+
+    waiting = wait_for(run, 60, "the job pending in Slurm with a reason")
+    assert (waiting["pendingReason"], waiting["pendingClass"], waiting["stuck"]) == (
+        "BeginTime",
+        "other",
+        False,
+    )
+    job = waiting["slurmJobId"]
+    subprocess.run(["scontrol", "hold", job], check=True, timeout=30)
+    try:
+        held = wait_for(
+            lambda: (r := run()) and r["pendingReason"] == "JobHeldAdmin" and r, 30, "JobHeldAdmin"
+        )
+        assert (held["pendingClass"], held["stuck"]) == ("held", True), held
+        assert master.trials(alice, exp)[0]["state"] == "STATE_ACTIVE"  # stuck, not failed: an admin may act
+        described = _det(master, "e", "describe", str(exp))
+        assert "STUCK" in described and "JobHeldAdmin" in described and "[held]" in described, described
+        rows = master.api("GET", f"/webui/experiments/{exp}/trials", alice)["trials"]
+        assert rows[0]["currentRun"]["stuck"] is True  # the trials tab's "stuck: JobHeldAdmin"
+    finally:
+        subprocess.run(["scontrol", "release", job], check=False, timeout=30)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30)
+    assert master.wait_state(alice, exp, DONE, 180) == "STATE_COMPLETED", master.diagnose(exp)

@@ -37,6 +37,19 @@ export function stateBadge(s) {
   return h("span", { class: `state ${n}` }, n.replace(/_/g, " "));
 }
 
+// Why a pending run or task waits: "stuck" (it will not start until someone acts: held, a partition down)
+// or its class (limit, resources, priority, held, dependency, other), Slurm's own reason on hover.
+export function waitingBadge(r) {
+  if (!r?.pendingReason) return null;
+  if (r.stuck)
+    return h("span", { class: "state stuck", title: r.pendingReason }, `stuck: ${r.pendingReason}`);
+  return h(
+    "span",
+    { class: "muted", title: r.pendingReason },
+    `waiting: ${r.pendingClass || r.pendingReason}`,
+  );
+}
+
 export function progressBar(p) {
   if (p === null || p === undefined) return h("span", { class: "muted" }, "–");
   const pct = Math.max(0, Math.min(100, p * 100));

@@ -3,7 +3,7 @@
 // platform's queued trial runs with Slurm's pending reason and since when.
 import { api } from "../api.js";
 import { table } from "../components/table.js";
-import { duration, h, link, num, replace, stateBadge, time } from "../dom.js";
+import { duration, h, link, num, replace, stateBadge, time, waitingBadge } from "../dom.js";
 import { pageLife } from "../page.js";
 
 const REFRESH_MS = 5000;
@@ -41,7 +41,7 @@ const QUEUED = [
     render: (r) => r.slurmJobId || h("span", { class: "muted" }, "not submitted"),
   },
   { key: "where", label: "Waiting in", render: (r) => r.waitingIn || "–" },
-  { key: "reason", label: "Reason", render: (r) => r.pendingReason || stateBadge(r.state) },
+  { key: "reason", label: "Reason", render: (r) => waitingBadge(r) || stateBadge(r.state) },
   {
     key: "since",
     label: "Since",

@@ -2,7 +2,7 @@
 // each runs, an Open link to a notebook or TensorBoard that answers (through the master's /proxy/), and Kill.
 import { api } from "../api.js";
 import { table } from "../components/table.js";
-import { h, replace, stateBadge, time } from "../dom.js";
+import { h, replace, stateBadge, time, waitingBadge } from "../dom.js";
 import { pageLife, runningDuration } from "../page.js";
 import { taskAllows, taskLive } from "../vocabulary.js";
 
@@ -78,10 +78,7 @@ export function render(root) {
     {
       key: "state",
       label: "State",
-      render: (t) => [
-        stateBadge(t.state),
-        t.pendingReason ? h("div", { class: "muted" }, `waiting: ${t.pendingReason}`) : "",
-      ],
+      render: (t) => [stateBadge(t.state), t.pendingReason ? h("div", {}, waitingBadge(t)) : ""],
     },
     { key: "job", label: "Slurm job", render: (t) => t.slurmJobId || "" },
     { key: "node", label: "Node", render: (t) => t.nodeList || "" },

@@ -1,7 +1,7 @@
 // The trials tab: every trial of the experiment in one table, filtered by state and by text.
 import { api } from "../../api.js";
 import { table } from "../../components/table.js";
-import { h, hparamsText, link, replace, stateBadge, stateName } from "../../dom.js";
+import { h, hparamsText, link, replace, stateBadge, stateName, waitingBadge } from "../../dom.js";
 import { runningDuration } from "../../page.js";
 import { trialStates } from "../../vocabulary.js";
 
@@ -20,7 +20,13 @@ function trialColumns(hpKeys) {
       value: (t) => t.currentRun?.slurmJobId,
       render: (t) =>
         t.currentRun
-          ? h("span", { class: t.runLive ? "" : "muted" }, t.currentRun.slurmJobId || "pending")
+          ? h(
+              "span",
+              {},
+              h("span", { class: t.runLive ? "" : "muted" }, t.currentRun.slurmJobId || "pending"),
+              t.currentRun.pendingReason ? " " : "",
+              waitingBadge(t.currentRun) || "",
+            )
           : "–",
     },
     {
