@@ -21,6 +21,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,10 +29,13 @@ import pytest
 from local_cluster.cluster import kill_controller, start_controller
 from tests.e2e.conftest import Master, started
 from tests.slurm.fixtures import SHARED_TEST_ROOT, Researcher, wait_for
+from tests.webui.conftest import Page
+from tests.webui.conftest import browser as browser  # the chromium fixture (one per module)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 DONE = {"STATE_COMPLETED", "STATE_ERROR", "STATE_CANCELED"}
 OUTAGE_S = 25
+SCREENSHOTS = Path(os.environ.get("DET_SCREENSHOT_DIR", "/tmp/hpc-det-screenshots"))
 
 
 def _steps(master: Master, headers: dict[str, str], trial_id: int) -> list[int]:
@@ -258,9 +262,12 @@ def test_a_slow_controller_does_not_slow_the_api(slow_master: Master) -> None:
     assert max(busy) < max(0.5, 3 * max(idle)), (idle, busy)
 
 
-def test_a_held_job_shows_as_stuck_and_runs_once_released(master: Master, alice: dict[str, str]) -> None:
+@pytest.mark.browser
+def test_a_held_job_shows_as_stuck_and_runs_once_released(
+    master: Master, alice: dict[str, str], browser: Any
+) -> None:
     """Issue 37: a job an admin holds (``JobHeldAdmin``) will not start until someone acts: the master shows
-    it as stuck (not failed) in the API, ``det e describe`` and the web UI's data; released, it runs."""
+    it as stuck (not failed) in the API, ``det e describe`` and the web UI's trials tab; released, it runs."""
     exp = master.create_experiment(
         alice, _experiment("e2e-held", 3, 0.0, "slurm: {sbatch_args: [--begin=now+3600]}")
     )
@@ -286,9 +293,41 @@ def test_a_held_job_shows_as_stuck_and_runs_once_released(master: Master, alice:
         assert master.trials(alice, exp)[0]["state"] == "STATE_ACTIVE"  # stuck, not failed: an admin may act
         described = _det(master, "e", "describe", str(exp))
         assert "STUCK" in described and "JobHeldAdmin" in described and "[held]" in described, described
-        rows = master.api("GET", f"/webui/experiments/{exp}/trials", alice)["trials"]
-        assert rows[0]["currentRun"]["stuck"] is True  # the trials tab's "stuck: JobHeldAdmin"
+        ui = Page(browser, master.browser_url)
+        try:
+            ui.login("alice", "alice-pw")
+            ui.page.goto(f"/experiments/{exp}/trials")
+            ui.page.wait_for_selector("#trials .state.stuck:has-text('stuck: JobHeldAdmin')")
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            ui.page.screenshot(path=str(SCREENSHOTS / "webui-trial-stuck.png"))
+        finally:
+            ui.close()
     finally:
         subprocess.run(["scontrol", "release", job], check=False, timeout=30)
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30)
+    assert master.wait_state(alice, exp, DONE, 180) == "STATE_COMPLETED", master.diagnose(exp)
+
+
+@pytest.mark.exclusive  # takes the pool's partition down
+def test_a_trial_in_a_partition_that_is_down_shows_as_stuck_until_it_is_up(
+    master: Master, alice: dict[str, str]
+) -> None:
+    subprocess.run(["scontrol", "update", "PartitionName=batch", "State=DOWN"], check=True, timeout=30)
+    try:
+        exp = master.create_experiment(alice, _experiment("e2e-partition-down", 3, 0.0))
+        (trial,) = wait_for(lambda: master.trials(alice, exp) or None, 60, "the trial")
+
+        def stuck() -> dict[str, Any] | None:
+            runs = _runs(master, alice, trial["id"])
+            return runs[-1] if runs and runs[-1]["stuck"] else None
+
+        run = wait_for(stuck, 30, "the run shown as stuck")
+        assert (run["pendingReason"], run["pendingClass"], run["waitingIn"]) == (
+            "PartitionDown",
+            "other",
+            "slurm",
+        )
+        assert "STUCK" in _det(master, "e", "describe", str(exp))
+    finally:
+        subprocess.run(["scontrol", "update", "PartitionName=batch", "State=UP"], check=True, timeout=30)
     assert master.wait_state(alice, exp, DONE, 180) == "STATE_COMPLETED", master.diagnose(exp)
