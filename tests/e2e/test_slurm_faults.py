@@ -331,3 +331,24 @@ def test_a_trial_in_a_partition_that_is_down_shows_as_stuck_until_it_is_up(
     finally:
         subprocess.run(["scontrol", "update", "PartitionName=batch", "State=UP"], check=True, timeout=30)
     assert master.wait_state(alice, exp, DONE, 180) == "STATE_COMPLETED", master.diagnose(exp)
+
+
+def test_a_dependency_that_can_never_be_satisfied_fails_the_trial_with_slurms_words(
+    master: Master, alice: dict[str, str], researcher: Researcher
+) -> None:
+    """``DependencyNeverSatisfied`` never resolves: the master cancels the job and ends the trial in ERROR
+    with Slurm's reason, at the first poll that sees it (not after a time limit)."""
+    script = SHARED_TEST_ROOT / f"fail-{uuid.uuid4().hex[:8]}.sh"
+    script.write_text("#!/bin/bash\nexit 3\n")
+    script.chmod(0o755)
+    failed = researcher.sbatch(script, "-o", "/dev/null")
+    wait_for(lambda: "FAILED" in subprocess.run(["sacct", "-n", "-X", "-j", failed, "-o", "State"],
+                                                capture_output=True, text=True).stdout, 60, "the job to fail")  # fmt: skip
+    exp = master.create_experiment(
+        alice, _experiment("e2e-never", 3, 0.0, f"slurm: {{sbatch_args: [--dependency=afterok:{failed}]}}")
+    )
+    assert master.wait_state(alice, exp, DONE, 120) == "STATE_ERROR", master.diagnose(exp)
+    (trial,) = master.trials(alice, exp)
+    (run,) = _runs(master, alice, trial["id"])
+    assert "DependencyNeverSatisfied" in str(run["exitMessage"]), run
+    assert not master.jobs_of(exp)  # cancelled, not left pending
