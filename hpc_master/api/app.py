@@ -32,6 +32,7 @@ from hpc_master.api import (
     routes_tasks,
     routes_trials,
     routes_ui,
+    routes_usage,
     routes_users,
     routes_workspaces,
 )
@@ -301,6 +302,8 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
     app.include_router(routes_experiments.legacy, responses=responses.ERRORS)  # before the UI's /experiments/
     app.include_router(routes_master.router, responses=responses.ERRORS)  # /api/v1/master...
     app.include_router(routes_master.bare, responses=responses.ERRORS)  # GET /info
+    app.include_router(routes_usage.router, responses=responses.ERRORS)  # det resources (JSON)
+    app.include_router(routes_usage.bare, responses=responses.ERRORS)  # det resources (CSV)
     app.include_router(proxy.router)  # /proxy/{task_id}/: notebooks and TensorBoards, owner-only
     routes_ui.install(app)  # the web UI's pages at /, its assets at /webui/
     http_errors.install(app)  # after the UI's: a missing /api/ route's 404 says so, for Determined's client

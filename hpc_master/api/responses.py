@@ -502,3 +502,50 @@ class ProjectAnswer(TypedDict):
 class Projects(TypedDict):
     projects: list[Project]
     pagination: Pagination
+
+
+@with_config(STRICT)
+class UsageEntry(TypedDict):
+    """Determined's ``ResourceAllocationRawEntry``, and ours after ``slots``."""
+
+    kind: str
+    startTime: str
+    endTime: str
+    experimentId: int
+    username: str
+    userId: int
+    labels: list[str]
+    seconds: float
+    slots: int
+    slotSeconds: float
+    trialId: int
+    trialRunId: int
+    slurmJobId: str
+    resourcePool: str
+    workspace: str
+    slurmAccount: str
+
+
+@with_config(STRICT)
+class UsageRaw(TypedDict):
+    resourceEntries: list[UsageEntry]
+
+
+@with_config(STRICT)
+class UsagePeriod(TypedDict):
+    """Determined's ``ResourceAllocationAggregatedEntry`` (slot-seconds), with ``byWorkspace`` and
+    ``bySlurmAccount`` of ours."""
+
+    periodStart: str
+    period: str
+    seconds: float
+    byUsername: dict[str, float]
+    byExperimentLabel: dict[str, float]
+    byResourcePool: dict[str, float]
+    byWorkspace: dict[str, float]
+    bySlurmAccount: dict[str, float]
+
+
+@with_config(STRICT)
+class UsageAggregated(TypedDict):
+    resourceEntries: list[UsagePeriod]
