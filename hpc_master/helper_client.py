@@ -122,6 +122,20 @@ class UserHelper:
             return s.call(op, **fields)
 
 
+class _Count:
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        with self._lock:
+            self.value += 1
+
+
+STARTS = _Count()
+"""How many per-user helper processes this master started."""
+
+
 class HelperSession:
     """One helper process as one user; not thread-safe (one caller at a time)."""
 
@@ -131,6 +145,7 @@ class HelperSession:
         env = {"PATH": HELPER_PATH, "LANG": "C.UTF-8"}
         if os.environ.get("SLURM_CONF"):
             env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+        STARTS.add()  # the master's /metrics
         try:
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd="/",

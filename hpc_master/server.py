@@ -242,6 +242,7 @@ def serve(config: MasterConfig, log_level: str = "info") -> None:
     state.writer.start(worker=True)  # on SQLite, its ingest worker is ready for the first batch
     raise_open_files_limit()
     loop = make_lifecycle_loop(state)
+    app.state.loop = loop  # for /health and /metrics (api/observability.py)
     loop.start()
     keeper = CurveKeeper(app.state.curves, state.tx)  # the web UI's curves, ready before asked
     keeper.start()

@@ -14,6 +14,7 @@ Slurm says "wait" more often than "no". What a failed command means:
 
 from __future__ import annotations
 
+import collections
 import getpass
 import logging
 import os
@@ -188,6 +189,26 @@ def _failure(argv: list[str], last: str) -> SlurmError:
     return SlurmError(message, command=argv, stderr=last)
 
 
+_CALLS: collections.Counter[str] = collections.Counter()
+_CALLS_LOCK = threading.Lock()
+
+
+def count_call(argv: Sequence[str]) -> None:
+    """One more run of a Slurm command (one RPC to slurmctld or slurmdbd, or a few: ``sbatch``), by name."""
+    args = list(argv)
+    if "--" in args and args[0] in ("runuser", "sudo"):
+        args = args[args.index("--") + 1 :]
+    name = os.path.basename(args[0]) if args else "?"
+    with _CALLS_LOCK:
+        _CALLS[name] += 1
+
+
+def calls_by_command() -> dict[str, int]:
+    """How many times each Slurm command ran in this process (tries included): the master's ``/metrics``."""
+    with _CALLS_LOCK:
+        return dict(_CALLS)
+
+
 class SlurmCli:
     """sbatch/squeue/sacct/scontrol/scancel with retries. Stateless apart from its settings: thread-safe."""
 
@@ -272,6 +293,7 @@ class SlurmCli:
         self, argv: list[str], stdin: str | None, env: dict[str, str], user: str | None
     ) -> CommandResult:
         """One try of `argv` (through `user_runner` when `user` is set); a timeout is a transient failure."""
+        count_call(argv)
         try:
             if user is not None and self.user_runner is not None:
                 return self.user_runner(user, argv, stdin, self.timeout_s)

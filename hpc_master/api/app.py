@@ -20,10 +20,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from hpc_master import owner_key
 from hpc_master.api import (
     http_errors,
+    observability,
     proxy,
     responses,
     responses_ui,
     routes_allocations,
+    routes_audit,
     routes_checkpoints,
     routes_experiments,
     routes_master,
@@ -302,6 +304,8 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
     app.include_router(routes_experiments.legacy, responses=responses.ERRORS)  # before the UI's /experiments/
     app.include_router(routes_master.router, responses=responses.ERRORS)  # /api/v1/master...
     app.include_router(routes_master.bare, responses=responses.ERRORS)  # GET /info
+    app.include_router(routes_audit.router, responses=responses.ERRORS)  # admins: the audit log
+    app.include_router(observability.router, responses=responses.ERRORS)  # /health, /metrics: no login
     app.include_router(routes_usage.router, responses=responses.ERRORS)  # det resources (JSON)
     app.include_router(routes_usage.bare, responses=responses.ERRORS)  # det resources (CSV)
     app.include_router(proxy.router)  # /proxy/{task_id}/: notebooks and TensorBoards, owner-only
@@ -309,6 +313,7 @@ def create_app(config: MasterConfig | None = None, *, engine: Engine | None = No
     http_errors.install(app)  # after the UI's: a missing /api/ route's 404 says so, for Determined's client
     openapi = app.openapi
     app.openapi = lambda: responses_ui.errors_as_json(openapi())  # type: ignore[method-assign]
+    app.add_middleware(routes_audit.AuditRequest)  # names the request for the audit log (services.audit)
     app.add_middleware(MetricsFastPath)
     app.add_middleware(TaskOriginGate, state=app.state.det)  # on the task origin, tasks' pages only
     app.add_middleware(BrowsersToHttps, state=app.state.det)  # pages on the plain port go to HTTPS

@@ -388,6 +388,7 @@ async def proxy_http(task_id: str, path: str, request: Request) -> Response:
     if request.url.query:
         url += f"?{request.url.query}"
     client = targets(state).http()
+    PROXIED[0] += 1
     upstream_request = client.build_request(
         request.method, url, headers=_forward_headers(request.headers, target.token, request.headers.get("host", "")),
         content=await request.body() if request.method not in SAFE_METHODS else None,
@@ -414,6 +415,12 @@ def _unreachable(state: AppState, task_id: str, error: Exception) -> Response:
         {"code": "upstream_unreachable", "message": f"task {task_id}'s server does not answer"},
         status_code=502,
     )
+
+
+OPEN_SOCKETS = [0]
+"""WebSockets proxied to tasks' servers now (notebooks' kernels, terminals): the master's /metrics."""
+PROXIED = [0]
+"""HTTP requests proxied to tasks' servers so far."""
 
 
 @router.websocket("/proxy/{task_id}/{path:path}")
@@ -471,9 +478,11 @@ async def proxy_ws(websocket: WebSocket, task_id: str, path: str) -> None:
 
     ended: list[str] = []
     pumps = [asyncio.create_task(c) for c in (downstream(), upstream_pump(), keep_active(), recheck())]
+    OPEN_SOCKETS[0] += 1  # one event loop: no lock needed
     try:
         await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        OPEN_SOCKETS[0] -= 1
         await _close_both(websocket, upstream, pumps, ended)
 
 

@@ -549,3 +549,30 @@ class UsagePeriod(TypedDict):
 @with_config(STRICT)
 class UsageAggregated(TypedDict):
     resourceEntries: list[UsagePeriod]
+
+
+@with_config(STRICT)
+class AuditEvent(TypedDict):
+    id: int
+    time: str
+    actorId: int | None
+    actor: str
+    action: str
+    target: str
+    owner: str | None
+    asUnix: str | None
+    detail: dict[str, Any] | None
+
+
+@with_config(STRICT)
+class AuditEvents(TypedDict):
+    events: list[AuditEvent]
+
+
+@with_config(STRICT)
+class Health(TypedDict):
+    """``GET /health``: ``ok`` or ``unhealthy`` (HTTP 503) with what is wrong."""
+
+    status: str
+    problems: list[str]
+    lastTickAgeSeconds: float | None

@@ -1,6 +1,7 @@
 """Usage (``services.usage``): Determined's resource allocation routes, which its ``det resources`` calls: JSON under
 ``/api/v1/resources/allocation/`` and CSV under ``/resources/allocation/``. Query parameters are taken in
-Determined's snake_case (what its CLI sends) or camelCase (its REST documentation). Admins see everyone's
+Determined's snake_case (what its CLI sends) or camelCase (its REST documentation). The CSV routes are left
+out of the OpenAPI document, which describes JSON answers only. Admins see everyone's
 usage; other users their own."""
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def _csv(header: list[str], rows: list[list[Any]], name: str) -> Response:
     return Response(out.getvalue(), media_type="text/csv; charset=utf-8", headers=headers)
 
 
-@bare.get("/raw", response_class=Response)
+@bare.get("/raw", response_class=Response, include_in_schema=False)
 def raw_csv(request: Request, state: State, principal: UserPrincipal) -> Response:
     """``/api/v1/resources/allocation/raw`` as CSV (Determined's ``det resources raw`` without ``--json``)."""
     rows = []
@@ -123,13 +124,13 @@ def raw_csv(request: Request, state: State, principal: UserPrincipal) -> Respons
     return _csv(list(RAW_COLUMNS), rows, "allocation-raw")
 
 
-@bare.get("/allocations-csv", response_class=Response)
+@bare.get("/allocations-csv", response_class=Response, include_in_schema=False)
 def allocations_csv(request: Request, state: State, principal: UserPrincipal) -> Response:
     """Determined's ``det resources allocations``: one line per allocation (here: per trial run)."""
     return raw_csv(request, state, principal)
 
 
-@bare.get("/aggregated", response_class=Response)
+@bare.get("/aggregated", response_class=Response, include_in_schema=False)
 def aggregated_csv(request: Request, state: State, principal: UserPrincipal) -> Response:
     """``/api/v1/resources/allocation/aggregated`` as CSV: ``period_start, aggregation_type, aggregation_key,
     seconds`` (``total`` with an empty key, then ``username``, ``experiment_label``, ``resource_pool``,

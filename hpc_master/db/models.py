@@ -285,6 +285,29 @@ class EventModel(Base):
     time: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
+class AuditEventModel(Base):
+    """Append-only (``services.audit``; migration 0011's triggers refuse UPDATE and DELETE): who did what as
+    whom. A privileged or cross-user action: an admin acting on another user's experiment, model or task
+    (``as_unix``: the owner's Unix account, as which the master acts on its jobs and files), user accounts
+    created or changed, admin rights given."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = {"sqlite_autoincrement": True}  # noqa: RUF012
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    time: Mapped[dt.datetime] = mapped_column(default=utcnow, index=True)
+    actor_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    """The user who acted (their name then), or ``munge``/``ldap`` for a login that made or changed a user."""
+    action: Mapped[str] = mapped_column(String(512))
+    """The request (``POST /api/v1/experiments/5/kill``) or what the master did (``create user``)."""
+    target: Mapped[str] = mapped_column(String(256))
+    owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    """Whose the target is (a username), where it is a user's."""
+    as_unix: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
 class SearcherOpCompletionModel(Base):
     """Outbox of validations the harness reported for the searcher; the lifecycle loop consumes them."""
 

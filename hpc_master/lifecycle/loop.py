@@ -60,6 +60,9 @@ class LifecycleLoop:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ticks = 0
+        self.last_tick_at: float | None = None
+        """When the last tick ended (``time.monotonic``): the master's ``/health`` and ``/metrics``."""
+        self.tick_seconds = 0.0
         self._housekept_at: float | None = None
         self.search_inputs = searchers.new_search_inputs_cache()
 
@@ -69,6 +72,7 @@ class LifecycleLoop:
         that answer, so it comes before any Slurm command), stop what must stop, learn how jobs ended and let
         the searchers react to that too, then submit in the same tick what they (or a failed run's restart)
         want running. First of all, the invariant: no trial is left where nothing would ever move it."""
+        started = time.monotonic()
         self.repair_stranded_trials()
         self.drive_searchers()
         if self.jobs is not None:
@@ -82,6 +86,8 @@ class LifecycleLoop:
         self.collect_checkpoints()
         self.housekeeping()
         self.ticks += 1
+        self.last_tick_at = time.monotonic()
+        self.tick_seconds += self.last_tick_at - started
 
     def renice_pending(self) -> None:
         """``det e set priority``: the experiment's jobs still pending in Slurm get their new ``--nice``."""

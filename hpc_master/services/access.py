@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from sqlalchemy import Select, false
-from sqlalchemy.orm import QueryableAttribute
+from sqlalchemy.orm import QueryableAttribute, object_session
 
 from hpc_master.db.models import ExperimentModel, RegistryModel
 from hpc_master.errors import NotFoundError, PermissionDeniedError
+from hpc_master.services import audit
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,10 @@ def is_own(principal: Principal, owner_id: int | None) -> bool:
 def experiment(principal: Principal, row: ExperimentModel, action: Action) -> None:
     """An experiment (and what is under it: trials, metrics, checkpoints). Raises ``PermissionDeniedError``."""
     principal.require_user()
-    if action is Action.CHANGE and not owns(principal, row.owner_id):
-        raise PermissionDeniedError(f"experiment {row.id} belongs to another user")
+    if action is Action.CHANGE:
+        if not owns(principal, row.owner_id):
+            raise PermissionDeniedError(f"experiment {row.id} belongs to another user")
+        _audited(principal, row, row.owner_id, f"experiment {row.id}")
 
 
 def experiment_private(principal: Principal, row: ExperimentModel) -> None:
@@ -83,6 +86,7 @@ def experiment_private(principal: Principal, row: ExperimentModel) -> None:
     principal.require_user()
     if not owns(principal, row.owner_id):
         raise PermissionDeniedError(f"experiment {row.id} belongs to another user")
+    _audited(principal, row, row.owner_id, f"experiment {row.id}")
 
 
 def trial(principal: Principal, trial_id: int, owner_id: int, action: Action) -> None:
@@ -117,6 +121,16 @@ def model(principal: Principal, row: RegistryModel) -> None:
     principal.require_user()
     if not owns(principal, row.user_id):
         raise PermissionDeniedError(f"model {row.name!r} belongs to another user")
+    _audited(principal, row, row.user_id, f"model {row.name}")
+
+
+def _audited(principal: Principal, row: object, owner_id: int | None, target: str) -> None:
+    """An admin's action on another user's ``row`` goes into the audit log, in the row's transaction."""
+    if principal.admin and owner_id != principal.user_id:
+        audit.cross_user(
+            object_session(row), actor_id=principal.user_id, actor=principal.username, owner_id=owner_id,
+            target=target,
+        )  # fmt: skip
 
 
 def task_visible(principal: Principal, owner_id: int) -> bool:

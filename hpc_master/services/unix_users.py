@@ -20,6 +20,7 @@ from hpc_master import auth
 from hpc_master.db.models import UserModel
 from hpc_master.errors import ClientError
 from hpc_master.masterconf_security import ProvisioningConfig
+from hpc_master.services import audit
 
 Refusal = Callable[[str], ClientError]
 
@@ -56,8 +57,13 @@ def user_for(
     user = user_of(session, account.pw_name, refused) or _first_login(session, account.pw_name, groups, rules, refused, how)  # fmt: skip
     if not user.active:
         raise refused(f"the master user {user.username!r} is deactivated")
-    if rules.admin_group is not None:
+    if rules.admin_group is not None and user.admin != (rules.admin_group in groups):
         user.admin = rules.admin_group in groups
+        audit.record(
+            session, actor_id=None, actor=how.lower(), action=f"{how} login: admin set from the Unix group "
+            f"{rules.admin_group}", target=f"user {user.username}", owner=user.username, as_unix=account.pw_name,
+            detail={"admin": user.admin},
+        )  # fmt: skip
     session.flush()
     return user
 
@@ -108,4 +114,8 @@ def _first_login(
         unix_username=account,
     )
     session.add(user)
+    audit.record(
+        session, actor_id=None, actor=how.lower(), action=f"{how} login: first login creates the user",
+        target=f"user {account}", owner=account, as_unix=account, detail={"groups": sorted(groups)},
+    )  # fmt: skip
     return user

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from hpc_master.db.models import ExperimentModel, TrialModel, TrialRunModel, UserModel, utcnow
 from hpc_master.errors import ClientError
 from hpc_master.masterconf import MasterConfig
-from hpc_master.services import workspaces
+from hpc_master.services import access, workspaces
 from hpc_master.services.access import Principal
 from hpc_master.services.stored_config import experiment_config
 
@@ -74,8 +74,7 @@ def runs_in(
         .where(or_(TrialRunModel.end_time.is_(None), TrialRunModel.end_time > _utc(after)))
         .order_by(TrialRunModel.start_time, TrialRunModel.id)
     )
-    if not viewer.admin:
-        query = query.where(ExperimentModel.owner_id == viewer.user_id)
+    query = access.only_own(query, ExperimentModel.owner_id, viewer)  # an admin's: everyone's
     now = _utc(utcnow())
     out = []
     for run, experiment_id, experiment, username in session.execute(query).all():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+from typing import Any
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
@@ -17,7 +18,7 @@ from hpc_master.errors import (
     ConflictError,
     UnauthenticatedError,
 )
-from hpc_master.services import access
+from hpc_master.services import access, audit
 from hpc_master.services.access import (
     Principal as Principal,  # re-exported: older callers (bench base trees) import it here
 )
@@ -247,6 +248,10 @@ def create_user(
     )
     session.add(user)
     session.flush()
+    audit.record(
+        session, actor_id=principal.user_id, actor=principal.username, target=f"user {username}",
+        owner=username, as_unix=user.unix_username, detail={"admin": admin, "active": active},
+    )  # fmt: skip
     return user
 
 
@@ -279,9 +284,26 @@ def patch_user(
         user.password_hash = auth.hash_password(password, is_hashed=is_hashed)
         revoke_user_sessions(session, user.id, keep_token_hash=keep_token_hash)
     _set_fields(user, active=active, admin=admin, unix_username=unix_username, display_name=display_name)
+    if flags or not access.is_own(
+        principal, user.id
+    ):  # an admin's change (one's own password is not audited)
+        changed = {
+            "active": active,
+            "admin": admin,
+            "unixUsername": unix_username,
+            "displayName": display_name,
+        }
+        _audit_change(session, principal, user, changed | {"password": "changed" if password else None})
     if cache is not None:
         cache.clear()
     return user
+
+
+def _audit_change(session: Session, principal: Principal, user: UserModel, changed: dict[str, Any]) -> None:
+    audit.record(
+        session, actor_id=principal.user_id, actor=principal.username, target=f"user {user.username}",
+        owner=user.username, as_unix=user.unix_username, detail={k: v for k, v in changed.items() if v is not None},
+    )  # fmt: skip
 
 
 def _demotes_active_admin(user: UserModel, *, admin: bool | None, active: bool | None) -> bool:

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from hpc_master.db.models import TaskModel, UserModel, utcnow
 from hpc_master.errors import ClientError, NotFoundError
 from hpc_master.expconf.tasks import TaskConfig, TaskType
-from hpc_master.services import access
+from hpc_master.services import access, audit
 from hpc_master.services.access import Principal
 from hpc_master.services.stored_config import task_config
 from slurm_backend import pending
@@ -128,6 +128,9 @@ def get_task(
     ):
         what = task_type.lower() if task_type else "task"
         raise NotFoundError(f"{what} {task_id} not found")
+    # Recorded when an admin reaches another user's task (``cross_user`` skips one's own).
+    audit.cross_user(session, actor_id=principal.user_id, actor=principal.username, owner_id=task.owner_id,
+                     target=f"{task.task_type.lower()} {task.id}")  # fmt: skip
     return task
 
 

@@ -262,6 +262,13 @@ def test_ready_only_once_serving_then_stopping_and_exit_0(tmp_path: Path) -> Non
         assert m.messages[0].startswith("STATUS=starting")
         assert httpx.get(f"{m.url}/api/v1/master", timeout=5).status_code == 200
         assert m.messages.index("READY=1") > 0
+        # The unit's health check and Prometheus' scrape, on the real process with its real loop.
+        deadline = time.monotonic() + 60
+        while "det_loop_ticks_total" not in (text := httpx.get(f"{m.url}/metrics", timeout=5).text):
+            assert time.monotonic() < deadline, text[-2000:]
+            time.sleep(0.2)
+        health = httpx.get(f"{m.url}/health", timeout=5)
+        assert health.status_code == 200 and health.json()["lastTickAgeSeconds"] is not None, health.text
         assert m.stop(signal.SIGINT) == 0, m.log()
     finally:
         m.close()

@@ -15,6 +15,7 @@ from hpc_master.services.master_config import mask_url
 from hpc_master.services.redact import MASK
 
 DB_PASSWORD = "pg-s3cret-word"
+LDAP_PASSWORD = "ldap-search-secret"
 ADMIN_PASSWORD = "admin-s3cret-word"
 
 
@@ -41,8 +42,9 @@ def test_admins_see_the_effective_configuration_with_secrets_masked(tmp_path: Pa
             "resource_pools": {"gpu": {"partition": "gpu", "slots_per_node": 4}},
             "default_resource_pool": "gpu",
         },
-        env={"DET_ADMIN_PASSWORD": ADMIN_PASSWORD, "DET_REQUIRE_PASSWORDS": "1"},
-    )
+        env={"DET_ADMIN_PASSWORD": ADMIN_PASSWORD, "DET_REQUIRE_PASSWORDS": "1",
+             "DET_LDAP_BIND_PASSWORD": LDAP_PASSWORD},
+    )  # fmt: skip
     engine = create_engine(f"sqlite:///{tmp_path / 'master.db'}")  # the app's own database, not db.url's
     with TestClient(create_app(config, engine=engine)) as client:
         assert client.get("/api/v1/master/config").status_code == 401
@@ -51,7 +53,7 @@ def test_admins_see_the_effective_configuration_with_secrets_masked(tmp_path: Pa
         client.post("/api/v1/users", headers=admin, json={"user": {"username": "bob"}, "password": "bob-pw"})
         r = client.get("/api/v1/master/config", headers=admin)
         assert r.status_code == 200, r.text
-        assert DB_PASSWORD not in r.text and ADMIN_PASSWORD not in r.text
+        assert DB_PASSWORD not in r.text and ADMIN_PASSWORD not in r.text and LDAP_PASSWORD not in r.text
         got = r.json()["config"]
         assert got["db"]["url"] == f"postgresql+psycopg://det:{MASK}@db.example.org:5432/det"
         assert got["security"] == {
@@ -63,6 +65,12 @@ def test_admins_see_the_effective_configuration_with_secrets_masked(tmp_path: Pa
             "munge": {
                 "enabled": False, "create_users": "nobody", "user_groups": [], "admin_group": None, "names": [],
                 "unmunge": "unmunge",
+            },
+            "ldap": {
+                "enabled": False, "create_users": "nobody", "user_groups": [], "admin_group": None, "url": "",
+                "start_tls": False, "ca_file": None, "bind_dn": None, "bind_password": MASK, "base_dn": "",
+                "user_filter": "(&(objectClass=posixAccount)(uid={username}))", "unix_attribute": "uid",
+                "timeout_s": 10.0,
             },
         }  # fmt: skip
         assert got["listen"] == {"host": "127.0.0.1", "port": 8443, "forwarded_allow_ips": []}

@@ -75,9 +75,23 @@ def stop(proc: subprocess.Popen[str]) -> str:
     return out
 
 
+def free_pair() -> int:
+    """A free port whose next one is free too: the task origin's default is ``listen.port + 1`` (another one
+    when that is taken, which the test would then not find: it asks for ``port + 1``)."""
+    for _ in range(100):
+        port = free_port()
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two free ports in a row")
+
+
 @pytest.fixture
 def shared(tmp_path: Path) -> Iterator[Shared]:
-    port, browser_port = free_port(), free_port()
+    port, browser_port = free_pair(), free_port()
     config = tmp_path / "master.yaml"
     config.write_text(
         f"listen: {{host: 0.0.0.0, port: {port}}}\ntls: {{browser_port: {browser_port}}}\n"

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 from hpc_master import auth
 from hpc_master.api.app import create_app
 from hpc_master.db.engine import make_sessionmaker, transaction
-from hpc_master.db.models import UserModel
+from hpc_master.db.models import AuditEventModel, UserModel
 from hpc_master.errors import ConfigError
 from hpc_master.masterconf import parse_master_config
 from tests.ldap_server import Person, Slapd
@@ -124,6 +124,13 @@ def test_who_gets_a_master_user(
             return
         assert r.status_code == 200, r.text
         assert r.json()["user"]["admin"] is admin
+    with transaction(make_sessionmaker(engine)) as s:  # the audit log says who made the user, and why admin
+        made = {
+            (e.actor, e.action)
+            for e in s.scalars(select(AuditEventModel).where(AuditEventModel.owner == "daemon"))
+        }
+    assert ("ldap", "LDAP login: first login creates the user") in made, made
+    assert any("admin set" in action for _, action in made) is bool(admin), made
 
 
 def test_refusals_say_why_and_leave_nothing(slapd: Slapd, engine: Engine) -> None:

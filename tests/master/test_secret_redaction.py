@@ -107,9 +107,10 @@ CARRY_NEITHER = {
     "/api/v1/trials/metrics/validation_metrics", "/api/v1/experiments/{experiment_id}/preview_gc",
     "/api/v1/experiments/{experiment_id}/searcher/best_searcher_validation_metric",
     "/api/v1/webui/cluster", "/api/v1/webui/session", "/api/v1/webui/vocabulary",
+    # Monitoring: counts and ages only; the audit log (admins only): who acted on what, no configs.
+    "/health", "/api/v1/audit",
     # Usage: seconds and slots per run (labels are no secrets); each user's own, an admin's everyone's.
     "/api/v1/resources/allocation/raw", "/api/v1/resources/allocation/aggregated",
-    "/resources/allocation/raw", "/resources/allocation/aggregated", "/resources/allocation/allocations-csv",
     # The web UI's change streams: digests only.
     "/api/v1/webui/changes", "/api/v1/webui/experiments/{experiment_id}/changes",
     "/api/v1/webui/trials/{trial_id}/changes",
