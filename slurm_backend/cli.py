@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from det_errors import ClientError, ConfigError, SlurmError
-from slurm_backend import cadence, parse
+from slurm_backend import cadence, parse, pending
 from slurm_backend.spec import NICE_MAX
 from slurm_backend.states import JobStatus
 
@@ -374,6 +374,12 @@ class SlurmCli:
     def signal(self, job_id: str, sig: str, *, batch_only: bool = True) -> None:
         """Send `sig` (e.g. "USR1") to the batch shell only (`--batch`) or to every process (`--full`)."""
         self.run(["scancel", f"--signal={sig}", "--batch" if batch_only else "--full", _job_id(job_id)])
+
+    def pending_queue(self) -> list[pending.Queued]:
+        """Every user's pending jobs (one ``squeue``): what is ahead of ours. Under ``PrivateData=jobs`` an
+        account other than root, SlurmUser or an operator sees only its own, and the figure is too low."""
+        argv = ["squeue", "--noheader", "--states=PENDING", f"--format={pending.QUEUE_FORMAT}"]
+        return pending.parse_queue(self.run(argv).stdout)
 
     def squeue(self, job_ids: Iterable[str]) -> dict[str, JobStatus]:
         """One `squeue` call for all `job_ids` (any state Slurm still remembers, MinJobAge after the end)."""

@@ -540,7 +540,10 @@ def _squeue_filter(jobs: list[FakeJob], opts: dict[str, str]) -> list[FakeJob]:
     """The jobs `--user` and `--states` let through (without ``--states=all``, only the active ones)."""
     if "user" in opts:
         jobs = [j for j in jobs if j.user == opts["user"]]
-    if opts.get("states") != "all":
+    states = opts.get("states")
+    if states in ("PENDING", "PD"):
+        jobs = [j for j in jobs if j.state == "PENDING"]
+    elif states != "all":
         jobs = [j for j in jobs if j.state in ACTIVE]
     return jobs
 
@@ -556,6 +559,10 @@ _SQUEUE_FIELDS: dict[str, Callable[[FakeJob], str]] = {
     "k": lambda job: job.comment or "(null)",
     "j": lambda job: job.name,
     "u": lambda job: job.user,
+    "i": lambda job: job.job_id,
+    "P": lambda job: job.partition,
+    # priority/basic, as `schedule` orders jobs: each job one below the one submitted before it, less its nice.
+    "Q": lambda job: str(4_294_901_758 - int(job.job_id) - job.nice),
 }
 
 

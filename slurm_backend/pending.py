@@ -16,6 +16,7 @@ stuck too; the master cancels those and fails the trial with the reason.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Literal
 
 from slurm_backend.states import reason_never_resolves
@@ -79,3 +80,44 @@ def is_stuck(reason: str | None) -> bool:
     """The job will not start until someone acts (see the module's docstring)."""
     name = head(reason)
     return name in STUCK_REASONS or (bool(name) and reason_never_resolves(name))
+
+
+# The queue of every user's pending jobs (``squeue --states=PENDING``): job id, partitions, priority.
+QUEUE_FORMAT = "%i|%P|%Q"
+Queued = tuple[str, frozenset[str], int]
+
+
+def parse_queue(stdout: str) -> list[Queued]:
+    """Lines of ``squeue --noheader --states=PENDING --format=QUEUE_FORMAT``; lines it cannot read are skipped
+    (an array's ``123_[1-5]`` is one entry, as Slurm schedules it)."""
+    out = []
+    for line in stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 3 or not parts[2].strip().isdigit():
+            continue
+        job_id, partitions, priority = (p.strip() for p in parts)
+        out.append((job_id, frozenset(partitions.split(",")), int(priority)))
+    return out
+
+
+def jobs_ahead(mine: Iterable[str], queue: list[Queued]) -> dict[str, int]:
+    """For each of ``mine`` in ``queue``: the pending jobs that Slurm considers first in one of its partitions
+    (a higher priority, or the same and submitted before: a lower job id)."""
+    by_id = {job_id: (partitions, priority) for job_id, partitions, priority in queue}
+    out = {}
+    for job_id in mine:
+        if job_id not in by_id:
+            continue
+        partitions, priority = by_id[job_id]
+        own = (priority, -_number(job_id))
+        out[job_id] = sum(
+            1
+            for other, other_partitions, other_priority in queue
+            if other != job_id and other_partitions & partitions and (other_priority, -_number(other)) > own
+        )
+    return out
+
+
+def _number(job_id: str) -> int:
+    digits = job_id.split("_", 1)[0]
+    return int(digits) if digits.isdigit() else 0

@@ -1,7 +1,8 @@
 """One shared status poller for every job the master watches (like submitit's InfoWatcher).
 
 Per poll, at most: ONE `squeue --jobs=<all live ids>`; ONE `sacct --jobs=<ids that just ended or that squeue no
-longer knows>`; and, only on clusters without accounting (sacct unavailable), one `scontrol -o show job` per job
+longer knows>`; every `AHEAD_EVERY_S` while a job is pending, ONE `squeue --states=PENDING` of every user's
+jobs, to count the jobs ahead of ours (`pending.jobs_ahead`); and, only on clusters without accounting (sacct unavailable), one `scontrol -o show job` per job
 that has *just* ended, to read its exit code (once per job in its lifetime). Terminal states are cached and never
 asked for again. When a Slurm command fails, the poller keeps its last answers and backs off exponentially;
 while slurmctld rate-limits the master's account, it polls less often (`slurm_backend.cadence`).
@@ -22,13 +23,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from det_errors import SlurmError
+from slurm_backend import pending
 from slurm_backend.cadence import PollCadence
 from slurm_backend.cli import SlurmCli
 from slurm_backend.states import JobStatus, Outcome
 
 log = logging.getLogger(__name__)
+AHEAD_EVERY_S = 30.0
+"""How often the jobs ahead of pending ones are counted (an extra ``squeue`` of every user's pending jobs)."""
 
 
 class Poller:
@@ -53,6 +58,8 @@ class Poller:
         self._terminal: dict[str, JobStatus] = {}
         self._missing: dict[str, tuple[float, int]] = {}  # job id → (first missed at, answers missing it)
         self._next_poll_at = float("-inf")
+        self._ahead: dict[str, int] = {}
+        self._ahead_at = float("-inf")
         self.consecutive_failures = 0
         self.last_error: SlurmError | None = None
 
@@ -133,7 +140,21 @@ class Poller:
         for job_id in live:
             answer = final.get(job_id) or seen.get(job_id)
             self._record(job_id, self._status(job_id, answer, in_squeue=job_id in seen, now=now))
+        self._count_ahead(now)
         return backed_off
+
+    def _count_ahead(self, now: float) -> None:
+        """The jobs ahead of each pending one: one more ``squeue`` (every user's pending jobs) at most every
+        ``AHEAD_EVERY_S``, never while slurmctld rate-limits the master; kept on the statuses between."""
+        waiting = [j for j, s in self._latest.items() if s.outcome is Outcome.PENDING]
+        if waiting and now - self._ahead_at >= AHEAD_EVERY_S and not self.cadence.stretched:
+            self._ahead_at = now
+            try:
+                self._ahead = pending.jobs_ahead(waiting, self.cli.pending_queue())
+            except SlurmError as e:
+                log.info("counting the jobs ahead failed (%s); tried again later", e)
+        for job_id in waiting:
+            self._latest[job_id] = replace(self._latest[job_id], jobs_ahead=self._ahead.get(job_id))
 
     def _status(self, job_id: str, answer: JobStatus | None, *, in_squeue: bool, now: float) -> JobStatus:
         """The job's status from this poll's `answer` (sacct's or squeue's), or as a missing job."""

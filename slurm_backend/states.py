@@ -131,6 +131,9 @@ class JobStatus:
     start_time: datetime | None = None
     end_time: datetime | None = None
     source: str = ""  # "squeue", "sacct" or "scontrol"
+    jobs_ahead: int | None = (
+        None  # pending jobs Slurm considers first (the poller's, now and then; None: unknown)
+    )
 
     @property
     def is_terminal(self) -> bool:

@@ -143,6 +143,7 @@ def run_to_api(run: TrialRunModel) -> dict[str, Any]:
         "pendingReason": run.pending_reason,
         "pendingSince": iso(run.pending_since),
         **pending_fields(run.pending_reason if run.state == "PENDING" else None),
+        "jobsAhead": run.jobs_ahead if run.state == "PENDING" else None,
         "waitingIn": (("slurm" if run.slurm_job_id else "master") if run.state == "PENDING" else None),
     }
 

@@ -310,6 +310,7 @@ class Run(TypedDict):
     pendingSince: str | None
     pendingClass: str | None  # limit, resources, priority, held, dependency, other (slurm_backend.pending)
     stuck: bool  # it will not start until someone acts (held, a partition down, ...)
+    jobsAhead: int | None  # pending jobs Slurm considers first (blank under PrivateData=jobs)
     waitingIn: str | None
 
 

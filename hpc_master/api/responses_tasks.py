@@ -41,6 +41,7 @@ class Task(TypedDict):
     pendingReason: NotRequired[str | None]  # ours
     pendingClass: NotRequired[str | None]  # ours (as a trial run's)
     stuck: NotRequired[bool]  # ours
+    jobsAhead: NotRequired[int | None]  # ours
     taskType: NotRequired[str]
     workDir: NotRequired[str]  # ours
 

@@ -86,7 +86,8 @@ def waiting_text(run: dict[str, Any], now: dt.datetime | None = None) -> str | N
     text += f": {reason}"
     text = f"{text} ({words})" if words else text
     if run.get("pendingClass"):
-        text += f" [{run['pendingClass']}]"
+        ahead = run.get("jobsAhead")
+        text += f" [{run['pendingClass']}" + (f", {ahead} jobs ahead]" if ahead is not None else "]")
     return f"STUCK, it will not start until someone acts: {text}" if run.get("stuck") else text
 
 

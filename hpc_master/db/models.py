@@ -178,6 +178,8 @@ class TrialRunModel(Base):
     """Why a PENDING run waits: Slurm's pending reason (Priority, Resources, QOSMaxJobsPerUserLimit, ...) once
     it has a job, or why the master holds it back before sbatch (AssocMaxSubmitJobLimit, SlurmUnavailable)."""
     pending_since: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    jobs_ahead: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """Pending jobs Slurm considers before this run's (``slurm_backend.pending``); None: unknown, or not pending."""
     """When the master first saw `pending_reason` (Slurm does not say since when a reason holds)."""
 
 
@@ -387,6 +389,7 @@ class TaskModel(Base):
     """sbatch was (maybe) run: after a crash the job is looked for by its comment before another sbatch."""
     node_list: Mapped[str | None] = mapped_column(Text, nullable=True)
     pending_reason: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    jobs_ahead: Mapped[int | None] = mapped_column(Integer, nullable=True)
     kill_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     exit_status: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -57,6 +57,7 @@ from hpc_master.lifecycle.waiting import (
     list_waiting,
     pending_reasons,
     write_pending_reason,
+    write_waiting,
 )
 from hpc_master.masterconf import MasterConfig
 from hpc_master.paths import get_checkpoint_root, get_job_storage_root
@@ -523,7 +524,11 @@ class JobDriver:
         return ended
 
     def _apply_status(
-        self, job_id: str, run: svc.LiveRun, status: JobStatus, reasons: dict[int, str | None]
+        self,
+        job_id: str,
+        run: svc.LiveRun,
+        status: JobStatus,
+        reasons: dict[int, tuple[str | None, int | None]],
     ) -> bool:
         """Apply what Slurm says of one live run; whether the run ended."""
         if status.outcome is Outcome.RUNNING and run.state == RunState.PENDING:
@@ -531,10 +536,10 @@ class JobDriver:
                 svc.mark_run_running(s, run.run_id, status.node_list or None)
                 write_pending_reason(s, run.run_id, None)
         elif status.outcome is Outcome.PENDING and run.state == RunState.PENDING:
-            reason = status.reason  # None until the scheduler has looked at the job
-            if reasons.get(run.run_id) != reason:
+            recorded = reasons.get(run.run_id, (None, None))  # the reason: None until the scheduler looked
+            if recorded != (status.reason, status.jobs_ahead):
                 with self._tx() as s:
-                    write_pending_reason(s, run.run_id, reason)
+                    write_waiting(s, run.run_id, status.reason, status.jobs_ahead, recorded)
         elif status.outcome is Outcome.UNSCHEDULABLE:
             if self.slurm.cancel(job_id, self._account(run.owner_unix)):
                 self._finish(run, status)

@@ -146,11 +146,31 @@ def list_waiting(session: Session) -> list[Waiting]:
     ]
 
 
-def pending_reasons(session: Session) -> dict[int, str | None]:
+def pending_reasons(session: Session) -> dict[int, tuple[str | None, int | None]]:
+    """Each pending run's recorded (reason, jobs ahead)."""
     rows = session.execute(
-        select(TrialRunModel.id, TrialRunModel.pending_reason).where(TrialRunModel.state == RunState.PENDING)
+        select(TrialRunModel.id, TrialRunModel.pending_reason, TrialRunModel.jobs_ahead).where(
+            TrialRunModel.state == RunState.PENDING
+        )
     ).all()
-    return {run_id: reason for run_id, reason in rows}
+    return {run_id: (reason, ahead) for run_id, reason, ahead in rows}
+
+
+def write_waiting(
+    session: Session,
+    run_id: int,
+    reason: str | None,
+    ahead: int | None,
+    recorded: tuple[str | None, int | None],
+) -> None:
+    """Record Slurm's word on a pending run where it changed: the reason (and since now), the jobs ahead."""
+    if recorded[0] != reason:
+        write_pending_reason(session, run_id, reason)
+    if recorded[1] != ahead:
+        session.execute(
+            update(TrialRunModel).where(TrialRunModel.id == run_id).values(jobs_ahead=ahead)
+            .execution_options(synchronize_session=False)
+        )  # fmt: skip
 
 
 def write_pending_reason(session: Session, run_id: int, reason: str | None) -> None:
@@ -159,6 +179,10 @@ def write_pending_reason(session: Session, run_id: int, reason: str | None) -> N
     session.execute(
         update(TrialRunModel)
         .where(TrialRunModel.id == run_id)
-        .values(pending_reason=reason[:256] if reason else None, pending_since=utcnow() if reason else None)
+        .values(
+            pending_reason=reason[:256] if reason else None,
+            pending_since=utcnow() if reason else None,
+            **({} if reason else {"jobs_ahead": None}),
+        )
         .execution_options(synchronize_session=False)
     )

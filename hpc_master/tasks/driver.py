@@ -421,10 +421,13 @@ def _apply_live_status(task: TaskModel, status: JobStatus) -> None:
             task.state = TaskState.RUNNING.value
         if status.node_list and task.node_list != status.node_list:
             task.node_list = status.node_list
-        if task.pending_reason is not None:
-            task.pending_reason = None
-    elif status.outcome is Outcome.PENDING and task.pending_reason != status.reason:
-        task.pending_reason = status.reason
+        if task.pending_reason is not None or task.jobs_ahead is not None:
+            task.pending_reason, task.jobs_ahead = None, None
+    elif status.outcome is Outcome.PENDING:
+        if task.pending_reason != status.reason:
+            task.pending_reason = status.reason
+        if task.jobs_ahead != status.jobs_ahead:
+            task.jobs_ahead = status.jobs_ahead
 
 
 def idle_timeout_s(task: TaskModel, tensorboard_timeout_s: int | None) -> int | None:

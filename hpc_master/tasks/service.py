@@ -206,6 +206,7 @@ def task_to_api(task: TaskModel, owner: UserModel) -> dict[str, Any]:
         "pendingReason": task.pending_reason,
         "pendingClass": pending.classify(task.pending_reason),
         "stuck": pending.is_stuck(task.pending_reason),
+        "jobsAhead": task.jobs_ahead,
         "workspaceId": WORKSPACE_ID,
         "taskType": task.task_type,
         "serviceAddress": f"/proxy/{task.id}/" if task.service_address else "",

@@ -283,6 +283,9 @@ def test_a_held_job_shows_as_stuck_and_runs_once_released(
         "other",
         False,
     )
+    # Every user's pending queue, as root sees it, gives a count (the figures: the fake-cluster test).
+    ahead = wait_for(lambda: (r := run()) and r["jobsAhead"] is not None and r, 30, "the jobs ahead")
+    assert isinstance(ahead["jobsAhead"], int) and ahead["jobsAhead"] >= 0
     job = waiting["slurmJobId"]
     subprocess.run(["scontrol", "hold", job], check=True, timeout=30)
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from slurm_backend.parse import parse_squeue
-from slurm_backend.pending import classify, is_stuck
+from slurm_backend.pending import classify, is_stuck, jobs_ahead, parse_queue
 
 CAPTURED = Path(__file__).parent / "captured" / "squeue_pending_reasons.txt"
 
@@ -55,3 +55,13 @@ def test_the_reasons_a_real_slurm_printed() -> None:
 )
 def test_documented_reasons(reason: str | None, klass: str | None, stuck: bool) -> None:
     assert (classify(reason), is_stuck(reason)) == (klass, stuck)
+
+
+def test_jobs_ahead_in_a_shared_queue() -> None:
+    """Every user's pending jobs as ``squeue --states=PENDING --format=%i|%P|%Q`` prints them: ahead of a job
+    are those in one of its partitions with a higher priority, or the same one and an earlier id."""
+    queue = parse_queue(
+        "10|batch|1000\n11|batch,short|2000\n12|batch|1000\n13|short|5000\n14_[1-3]|batch|1500\nbroken line\n"
+    )
+    assert [q[0] for q in queue] == ["10", "11", "12", "13", "14_[1-3]"]
+    assert jobs_ahead(["10", "12", "13", "99"], queue) == {"10": 2, "12": 3, "13": 0}

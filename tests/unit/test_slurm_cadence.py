@@ -15,7 +15,7 @@ from slurm_backend.cli import SlurmCli, without_verbose
 from slurm_backend.fake import FakeCluster
 from slurm_backend.fake_ratelimit import RpcRateLimit, backoff_line
 from slurm_backend.parse import parse_squeue
-from slurm_backend.poller import Poller
+from slurm_backend.poller import AHEAD_EVERY_S, Poller
 from slurm_backend.states import Outcome
 
 CAPTURED = Path(__file__).parent / "captured"
@@ -98,9 +98,14 @@ def test_a_rate_limited_master_polls_slower_and_is_seldom_told_to_back_off() -> 
     assert poller.cadence.stretched
 
     # Slurm's defaults with rl_enable (30 tokens, 2 a second): never told to back off, the master polls at
-    # every tick of its loop (watching its live jobs asks for a poll while Slurm answers at once).
+    # every tick of its loop (watching its live jobs asks for a poll while Slurm answers at once), and counts
+    # the jobs ahead of its pending ones every AHEAD_EVERY_S (one squeue of the pending queue).
     told, served, poller = _an_hour_under(RpcRateLimit(), adapts=True)
-    assert told == 0 and served == 60 * 30 and not poller.cadence.stretched
+    ahead = _pending_queue_asked(poller)  # over the 70 minutes
+    assert 0 < ahead <= 70 * 60 / AHEAD_EVERY_S + 1
+    assert (
+        told == 0 and 60 * 30 < served <= 60 * 30 + 3600 / AHEAD_EVERY_S + 1 and not poller.cadence.stretched
+    )
 
 
 def test_a_new_job_does_not_jump_a_stretched_cadence_and_root_is_never_limited() -> None:
@@ -137,3 +142,8 @@ def test_the_fake_squeue_v_prints_what_the_real_one_does_around_its_answer() -> 
         and recorded[-2].startswith("last_update_time=")
     )
     assert list(parse_squeue(without_verbose("\n".join(out) + "\n"))) == [job]
+
+
+def _pending_queue_asked(poller: Poller) -> int:
+    cluster = poller.cli.runner
+    return sum(1 for c in cluster.calls if "squeue" in c.argv[:5] and "--states=PENDING" in c.argv)  # type: ignore[attr-defined]

@@ -43,11 +43,9 @@ export function waitingBadge(r) {
   if (!r?.pendingReason) return null;
   if (r.stuck)
     return h("span", { class: "state stuck", title: r.pendingReason }, `stuck: ${r.pendingReason}`);
-  return h(
-    "span",
-    { class: "muted", title: r.pendingReason },
-    `waiting: ${r.pendingClass || r.pendingReason}`,
-  );
+  const ahead = r.jobsAhead === null || r.jobsAhead === undefined ? "" : ` (${r.jobsAhead} ahead)`;
+  const title = ahead ? `${r.pendingReason}; ${r.jobsAhead} jobs ahead in Slurm's queue` : r.pendingReason;
+  return h("span", { class: "muted", title }, `waiting: ${r.pendingClass || r.pendingReason}${ahead}`);
 }
 
 export function progressBar(p) {
