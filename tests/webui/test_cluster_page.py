@@ -38,6 +38,7 @@ def test_cluster_page(ui_master: UiMaster, page_factory: Any) -> None:
         assert "00:02:00" in p.inner_text("#partitions tr[data-partition=short]")
         queue = p.inner_text("#queue")
         assert f"#{trial}" in queue and "bobs-run" in queue and "QOSMaxJobsPerUserLimit" in queue
+        assert "QOSMaxJobsPerUserLimit (limit)" in queue  # Slurm's reason, and its class
         assert "3m" in queue  # pending since 3 minutes
         assert "4 GPUs: 1 used, 3 free" in p.inner_text("#cluster-note")
         shot(p, "cluster")

@@ -37,15 +37,16 @@ export function stateBadge(s) {
   return h("span", { class: `state ${n}` }, n.replace(/_/g, " "));
 }
 
-// Why a pending run or task waits: "stuck" (it will not start until someone acts: held, a partition down)
-// or its class (limit, resources, priority, held, dependency, other), Slurm's own reason on hover.
+// Why a pending run or task waits: "stuck" (it will not start until someone acts: held, a partition down),
+// or Slurm's reason with its class (limit, resources, priority, held, dependency, other) and the jobs ahead.
 export function waitingBadge(r) {
   if (!r?.pendingReason) return null;
   if (r.stuck)
     return h("span", { class: "state stuck", title: r.pendingReason }, `stuck: ${r.pendingReason}`);
-  const ahead = r.jobsAhead === null || r.jobsAhead === undefined ? "" : ` (${r.jobsAhead} ahead)`;
-  const title = ahead ? `${r.pendingReason}; ${r.jobsAhead} jobs ahead in Slurm's queue` : r.pendingReason;
-  return h("span", { class: "muted", title }, `waiting: ${r.pendingClass || r.pendingReason}${ahead}`);
+  const known = r.jobsAhead !== null && r.jobsAhead !== undefined;
+  const notes = [r.pendingClass, known ? `${r.jobsAhead} ahead` : ""].filter(Boolean).join(", ");
+  const title = known ? `${r.jobsAhead} pending jobs ahead in Slurm's queue` : undefined;
+  return h("span", { class: "muted", title }, `waiting: ${r.pendingReason}${notes ? ` (${notes})` : ""}`);
 }
 
 export function progressBar(p) {
