@@ -85,10 +85,16 @@ def waiting_text(run: dict[str, Any], now: dt.datetime | None = None) -> str | N
         text += _since_text(since, now)
     text += f": {reason}"
     text = f"{text} ({words})" if words else text
-    if run.get("pendingClass"):
-        ahead = run.get("jobsAhead")
-        text += f" [{run['pendingClass']}" + (f", {ahead} jobs ahead]" if ahead is not None else "]")
+    text += _class_text(run)
     return f"STUCK, it will not start until someone acts: {text}" if run.get("stuck") else text
+
+
+def _class_text(run: dict[str, Any]) -> str:
+    """`` [limit, 3 jobs ahead]``: the reason's class and the jobs ahead, where known."""
+    if not run.get("pendingClass"):
+        return ""
+    ahead = run.get("jobsAhead")
+    return f" [{run['pendingClass']}" + (f", {ahead} jobs ahead]" if ahead is not None else "]")
 
 
 def _since_text(since: Any, now: dt.datetime | None) -> str:

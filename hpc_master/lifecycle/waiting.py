@@ -176,13 +176,14 @@ def write_waiting(
 def write_pending_reason(session: Session, run_id: int, reason: str | None) -> None:
     """Record why a pending run waits, and since now; a plain UPDATE that leaves the row's version alone
     (the API's writers of the run, a pause say, must not find it stale for this)."""
+    changes: dict[str, object] = {"pending_reason": reason[:256] if reason else None, "pending_since": None}
+    if reason:
+        changes["pending_since"] = utcnow()
+    else:
+        changes["jobs_ahead"] = None  # not waiting any more
     session.execute(
         update(TrialRunModel)
         .where(TrialRunModel.id == run_id)
-        .values(
-            pending_reason=reason[:256] if reason else None,
-            pending_since=utcnow() if reason else None,
-            **({} if reason else {"jobs_ahead": None}),
-        )
+        .values(changes)
         .execution_options(synchronize_session=False)
     )

@@ -1,5 +1,7 @@
-"""trial_runs.jobs_ahead, tasks.jobs_ahead: how many pending jobs Slurm considers before a pending run's or
-task's job (issue 37, ``slurm_backend.pending.jobs_ahead``); null when unknown or not pending.
+"""trial_runs.jobs_ahead, tasks.jobs_ahead: the pending jobs Slurm considers first (issue 37)
+
+How many pending jobs Slurm considers before a pending run's or task's job
+(``slurm_backend.pending.jobs_ahead``); null when unknown or not pending.
 
 Revision ID: 0012
 Revises: 0011
