@@ -76,7 +76,7 @@ class Slapd:
         log = (self.root / "slapd.log").open("ab")
         urls = f"{self.ldaps_url}/ {self.ldap_url}/"
         self.proc = subprocess.Popen(
-            ["/usr/sbin/slapd", "-d", "0", "-h", urls, "-f", str(self.root / "slapd.conf")],
+            ["/usr/sbin/slapd", "-d", "256", "-h", urls, "-f", str(self.root / "slapd.conf")],  # stats: binds
             stdout=log, stderr=log,
         )  # fmt: skip
         deadline = time.monotonic() + 20
@@ -84,6 +84,15 @@ class Slapd:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"slapd did not start: {(self.root / 'slapd.log').read_text()[-2000:]}")
             time.sleep(0.05)
+
+    def binds(self) -> list[str]:
+        """The DNs binds asked for so far (slapd's ``stats`` log: ``BIND dn="..." method=128``)."""
+        text = (self.root / "slapd.log").read_text(errors="replace")
+        return [
+            line.split('BIND dn="', 1)[1].split('"', 1)[0]
+            for line in text.splitlines()
+            if 'BIND dn="' in line
+        ]
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

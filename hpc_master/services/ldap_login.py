@@ -11,11 +11,13 @@ and each connection has a timeout.
 
 The server's certificate is always verified (``ca_file``, else the system's CAs); the configuration refuses a
 plain ``ldap://`` URL beyond loopback. An empty password is refused here: LDAP takes a bind with a DN and no
-password as an anonymous ("unauthenticated") bind, which succeeds.
+password as an anonymous ("unauthenticated") bind, which succeeds. A name the directory does not know still
+costs a bind (refused), so that the answer's time does not tell which names exist.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +56,11 @@ def authenticate(config: LdapLoginConfig, username: str, password: str) -> Direc
     import ldap  # the optional `ldap` extra, imported only where LDAP logins are enabled
 
     try:
-        found = _find(config, username)
+        try:
+            found = _find(config, username)
+        except LoginFailedError:
+            _decoy_bind(config, username, password)  # an unknown name takes as long as a wrong password
+            raise
         _bind_as(config, found.dn, password)
     except ldap.INVALID_CREDENTIALS:
         raise LoginFailedError(INVALID, user_exists=True) from None
@@ -121,6 +127,16 @@ def _search(config: LdapLoginConfig, username: str) -> list[tuple[str, dict[str,
     finally:
         conn.unbind_s()
     return [(dn, attrs) for dn, attrs in found if dn is not None]  # a None DN is a referral
+
+
+def _decoy_bind(config: LdapLoginConfig, username: str, password: str) -> None:
+    """A bind the directory refuses, so that a name it does not know answers as slowly as a wrong password
+    (else the time of the answer tells which names exist)."""
+    import ldap
+    from ldap.dn import escape_dn_chars
+
+    with contextlib.suppress(ldap.LDAPError):
+        _bind_as(config, f"{config.unix_attribute}={escape_dn_chars(username)},{config.base_dn}", password)
 
 
 def _bind_as(config: LdapLoginConfig, dn: str, password: str) -> None:
